@@ -1,0 +1,280 @@
+"""In-process broker with peek-lock semantics, for the demo and fast tests.
+
+It behaves like the real brokers where the runtime can tell: a delivery is hidden under a lock
+for ``lock_timeout`` seconds and redelivered (delivery count + 1) if not settled by then; ``retry``
+re-queues after a delay; ``dead_letter`` moves the message to the queue's DLQ with its reason;
+settling after the lock expired raises :class:`LockLostError` (like Service Bus). Brokers are
+named (``memory://name``) and shared within one process so a worker and a relay can meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from consumer_kit.broker import (
+    Consumer,
+    Delivery,
+    DeliveryCallback,
+    OutgoingMessage,
+    Publisher,
+)
+from consumer_kit.settings import Settings
+
+logger = logging.getLogger("adapters.memory")
+
+_BROKERS: dict[str, MemoryBroker] = {}
+
+
+class LockLostError(Exception):
+    """Settled after the delivery's lock expired: the message was (or will be) redelivered."""
+
+
+@dataclass
+class StoredMessage:
+    body: bytes
+    message_id: str
+    headers: dict[str, Any]
+    deliveries: int = 0  # how many times handed out so far
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead-lettered message with the reason it was given."""
+
+    message: StoredMessage
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class PublishedRecord:
+    """One confirmed publish, with the broker-side time it was accepted (seconds, monotonic)."""
+
+    message: OutgoingMessage
+    accepted_at: float
+
+
+@dataclass
+class _Queue:
+    name: str
+    ready: deque[StoredMessage] = field(default_factory=deque)
+    dead: list[DeadLetter] = field(default_factory=list)
+    available: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryBroker:
+    """A named in-process broker.
+
+    Args:
+        lock_timeout: seconds a delivery stays locked before it is redelivered.
+    """
+
+    def __init__(self, name: str = "default", *, lock_timeout: float = 30.0) -> None:
+        self.name = name
+        self.lock_timeout = lock_timeout
+        self._queues: dict[str, _Queue] = {}
+        self._bindings: dict[str, list[tuple[str, str]]] = {}  # destination -> [(pattern, queue)]
+        self.published: list[PublishedRecord] = []
+        self._outstanding = 0  # ready + locked + delayed messages
+        self._idle = asyncio.Condition()
+
+    # -- producer side ----------------------------------------------------------------------
+
+    def queue(self, name: str) -> _Queue:
+        if name not in self._queues:
+            self._queues[name] = _Queue(name)
+        return self._queues[name]
+
+    def send(
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        message_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Put a message on ``queue``; returns its message id (a new UUID when not given)."""
+        message = StoredMessage(body, message_id or str(uuid.uuid4()), dict(headers or {}))
+        self._outstanding += 1
+        self._enqueue(queue, message)
+        return message.message_id
+
+    def bind(self, destination: str, queue: str, routing_key: str = "#") -> None:
+        """Route publishes to ``destination`` whose routing key matches (``#`` = all, else exact)."""
+        self._bindings.setdefault(destination, []).append((routing_key, queue))
+
+    def dead_letters(self, queue: str) -> list[DeadLetter]:
+        return list(self.queue(queue).dead)
+
+    def ready_count(self, queue: str) -> int:
+        return len(self.queue(queue).ready)
+
+    async def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no message is ready, locked or waiting for a delayed retry.
+
+        Raises:
+            TimeoutError: still busy after ``timeout`` seconds.
+        """
+        async with asyncio.timeout(timeout):
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._outstanding == 0)
+
+    # -- internals used by deliveries ---------------------------------------------------------
+
+    def _enqueue(self, queue: str, message: StoredMessage) -> None:
+        q = self.queue(queue)
+        q.ready.append(message)
+        q.available.set()
+
+    def _enqueue_later(self, queue: str, message: StoredMessage, delay: float) -> None:
+        if delay <= 0:
+            self._enqueue(queue, message)
+        else:
+            asyncio.get_running_loop().call_later(delay, self._enqueue, queue, message)
+
+    def _finished(self) -> None:
+        self._outstanding -= 1
+        asyncio.get_running_loop().create_task(self._notify_idle())
+
+    async def _notify_idle(self) -> None:
+        async with self._idle:
+            self._idle.notify_all()
+
+    def _route(self, message: OutgoingMessage) -> None:
+        self.published.append(PublishedRecord(message, time.monotonic()))
+        if not message.destination:  # default exchange: the routing key names a queue
+            targets = [message.routing_key]
+        else:
+            targets = [
+                queue for pattern, queue in self._bindings.get(message.destination, [])
+                if pattern in ("#", message.routing_key)
+            ]
+        for queue in targets:
+            headers = {**message.headers, "message-type": message.message_type}
+            self.send(queue, message.body, message_id=message.message_id, headers=headers)
+
+
+class MemoryDelivery(Delivery):
+    """A delivery from :class:`MemoryBroker`, locked until settled or until the lock expires."""
+
+    def __init__(self, broker: MemoryBroker, queue: str, message: StoredMessage) -> None:
+        message.deliveries += 1
+        super().__init__(
+            queue=queue,
+            message_id=message.message_id,
+            headers=dict(message.headers),
+            body=message.body,
+            delivery_count=message.deliveries,
+        )
+        self._broker = broker
+        self._message = message
+        self._lock_expired = False
+        self._lock_timer = asyncio.get_running_loop().call_later(broker.lock_timeout, self._expire_lock)
+
+    def _expire_lock(self) -> None:
+        if self.settlement is None:
+            self._lock_expired = True
+            logger.info("lock expired queue=%s message_id=%s: redelivering", self.queue, self.message_id)
+            self._broker._enqueue(self.queue, self._message)
+
+    def _unlock(self) -> None:
+        if self._lock_expired:
+            raise LockLostError(f"lock on message {self.message_id} expired before settlement")
+        self._lock_timer.cancel()
+
+    async def _ack(self) -> None:
+        self._unlock()
+        self._broker._finished()
+
+    async def _retry(self, delay: float) -> None:
+        self._unlock()
+        self._broker._enqueue_later(self.queue, self._message, delay)
+
+    async def _dead_letter(self, reason: str, detail: str) -> None:
+        self._unlock()
+        self._broker.queue(self.queue).dead.append(DeadLetter(self._message, reason, detail))
+        self._broker._finished()
+
+    async def _release(self) -> None:
+        self._unlock()
+        self._broker._enqueue(self.queue, self._message)
+
+
+class MemoryConsumer(Consumer):
+    """Consumes from a :class:`MemoryBroker` with at most ``prefetch`` deliveries in flight."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+        self._pumps: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        self._pumps.append(
+            asyncio.create_task(self._pump(queue, callback, prefetch), name=f"memory-pump:{queue}")
+        )
+
+    async def _pump(self, queue: str, callback: DeliveryCallback, prefetch: int) -> None:
+        q = self.broker.queue(queue)
+        slots = asyncio.Semaphore(prefetch)
+        while True:
+            await slots.acquire()
+            while not q.ready:
+                q.available.clear()
+                await q.available.wait()
+            delivery = MemoryDelivery(self.broker, queue, q.ready.popleft())
+            task = asyncio.create_task(callback(delivery))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            task.add_done_callback(lambda _t: slots.release())
+
+    async def stop_consuming(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        self._pumps.clear()
+
+    async def close(self) -> None:
+        await self.stop_consuming()
+
+
+class MemoryPublisher(Publisher):
+    """Publishes into a :class:`MemoryBroker`; every publish is confirmed at once."""
+
+    def __init__(self, broker: MemoryBroker) -> None:
+        self.broker = broker
+
+    async def publish(self, message: OutgoingMessage) -> None:
+        self.broker._route(message)
+
+    async def close(self) -> None:
+        return None
+
+
+def get_broker(url: str = "memory://", *, lock_timeout: float | None = None) -> MemoryBroker:
+    """The process-wide broker named by ``memory://<name>`` (``default`` when no name)."""
+    name = urlparse(url).netloc or "default"
+    broker = _BROKERS.get(name)
+    if broker is None:
+        broker = _BROKERS[name] = MemoryBroker(name, lock_timeout=lock_timeout or 30.0)
+    elif lock_timeout is not None:
+        broker.lock_timeout = lock_timeout
+    return broker
+
+
+def consumer_from_settings(settings: Settings) -> MemoryConsumer:
+    """Entry point ``consumer_kit.brokers: memory``."""
+    return MemoryConsumer(get_broker(settings.broker_url))
+
+
+def publisher_from_settings(settings: Settings) -> MemoryPublisher:
+    """Entry point ``consumer_kit.brokers: memory``."""
+    return MemoryPublisher(get_broker(settings.broker_url))
+

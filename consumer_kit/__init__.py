@@ -1,0 +1,48 @@
+"""consumer-kit: one business effect per operation on at-least-once queues.
+
+The public API is re-exported here; see README.md for a walkthrough.
+"""
+
+from consumer_kit.app import App, load_app
+from consumer_kit.broker import Consumer, Delivery, OutgoingMessage, Publisher, PublishError, Settlement
+from consumer_kit.envelope import Envelope
+from consumer_kit.errors import (
+    ConfigurationError,
+    ConsumerKitError,
+    DeadLetterReason,
+    InvalidMessage,
+    PermanentFailure,
+    RetryableError,
+)
+from consumer_kit.handler import Context, Handler, Result
+from consumer_kit.identity import OperationIdentity, canonical_json, fingerprint
+from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
+from consumer_kit.settings import Settings
+
+__all__ = [
+    "App",
+    "ConfigurationError",
+    "Consumer",
+    "ConsumerKitError",
+    "Context",
+    "DeadLetterReason",
+    "Delivery",
+    "DeliveryReport",
+    "Envelope",
+    "Handler",
+    "InvalidMessage",
+    "OperationIdentity",
+    "Outcome",
+    "OutgoingMessage",
+    "PermanentFailure",
+    "PublishError",
+    "Publisher",
+    "Result",
+    "RetryableError",
+    "Settings",
+    "Settlement",
+    "StoredResult",
+    "canonical_json",
+    "fingerprint",
+    "load_app",
+]

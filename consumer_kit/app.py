@@ -1,0 +1,63 @@
+"""An application: which handler serves which queue. Workers load one by ``module:attribute``."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from consumer_kit.errors import ConfigurationError
+from consumer_kit.handler import Handler
+
+
+@dataclass
+class App:
+    """Routes queues to handlers.
+
+    One handler per queue is the common case. Several handlers may share a queue; the header
+    ``message-type`` then selects one (its ``message_type``, by default the model's class name).
+
+    Example::
+
+        app = App("invoices")
+        app.subscribe("invoices.commands", CreateInvoiceHandler())
+    """
+
+    name: str = "app"
+    routes: dict[str, dict[str, Handler[any]]] = field(default_factory=dict)  # type: ignore[valid-type]
+
+    def subscribe(self, queue: str, handler: Handler) -> None:  # type: ignore[type-arg]
+        """Route ``queue``'s messages to ``handler``.
+
+        Raises:
+            ConfigurationError: the queue already has a handler for the same message type.
+        """
+        if not queue:
+            raise ConfigurationError("queue name must not be empty")
+        handlers = self.routes.setdefault(queue, {})
+        message_type = type(handler).message_type or type(handler).__name__
+        if message_type in handlers:
+            raise ConfigurationError(f"queue {queue!r} already has a handler for {message_type!r}")
+        handlers[message_type] = handler
+
+    @property
+    def queues(self) -> list[str]:
+        return list(self.routes)
+
+
+def load_app(path: str) -> App:
+    """Import ``"package.module:attribute"`` and return the :class:`App` there.
+
+    Raises:
+        ConfigurationError: bad path, import failure or not an ``App``.
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"app path {path!r} must look like 'package.module:app'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{path!r} is not a consumer_kit.App (got {type(app).__name__})")
+    return app

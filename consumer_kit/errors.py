@@ -1,0 +1,67 @@
+"""Every error consumer-kit raises or asks handlers to raise, in one place."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ConsumerKitError(Exception):
+    """Base class of consumer-kit's own errors."""
+
+
+class ConfigurationError(ConsumerKitError):
+    """Settings, handler declarations or broker topology are wrong; raised at start-up."""
+
+
+class RetryableError(ConsumerKitError):
+    """Raise from a handler for a transient failure: the transaction rolls back and the delivery
+    is retried with backoff; after ``max_deliveries`` it is dead-lettered with the error class in the
+    reason. Any exception that is not a :class:`PermanentFailure` is treated the same way."""
+
+
+class PermanentFailure(ConsumerKitError):
+    """Raise from a handler for a business failure that retrying cannot fix (e.g. "customer closed").
+
+    The handler's writes roll back; a retained ``failed`` ledger row records ``code`` and ``detail``;
+    the delivery is acked; every later duplicate replays this failure without running the handler.
+
+    Args:
+        code: short machine-readable code, stored as the result status (<= 200 characters).
+        detail: human-readable explanation without payload content (<= 2,000 characters).
+    """
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code[:200]
+        self.detail = detail[:2000]
+
+
+class InvalidMessage(ConsumerKitError):
+    """A delivery cannot be processed as sent; it is dead-lettered with ``reason``."""
+
+    def __init__(self, reason: "DeadLetterReason", detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class SimulatedCrash(BaseException):
+    """Raised by an armed crash point (see :mod:`consumer_kit.crashpoints`).
+
+    A ``BaseException`` so that handler code catching ``Exception`` cannot swallow it. The runtime
+    treats it like process death: the delivery is left unsettled and the broker redelivers it.
+    """
+
+
+class DeadLetterReason(str, enum.Enum):
+    """Machine-readable dead-letter reasons (header ``x-dead-letter-reason``)."""
+
+    INVALID_JSON = "invalid_json"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    MISSING_OPERATION_KEY = "missing_operation_key"
+    INVALID_OPERATION_KEY = "invalid_operation_key"
+    INVALID_HEADER = "invalid_header"
+    UNKNOWN_MESSAGE_TYPE = "unknown_message_type"
+    PAYLOAD_CONFLICT = "payload_conflict"
+    MAX_DELIVERIES = "max_deliveries_exceeded"
+    NEEDS_RECONCILIATION = "needs_reconciliation"

@@ -1,0 +1,178 @@
+"""The handler API: subclass :class:`Handler` and implement :meth:`Handler.handle`.
+
+Example::
+
+    class CreateInvoiceHandler(Handler[CreateInvoice]):
+        operation_type = "invoice.create"
+        fingerprint_exclude = {"requested_at"}
+
+        def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
+            return f"order-{message.order_id}-rev-{message.revision}"
+
+        async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
+            await ctx.connection.execute("INSERT INTO invoices ...", (...))
+            await ctx.publish(InvoiceCreated(...), destination="billing.events",
+                              routing_key="invoice.created", partition_key=str(message.order_id))
+            return Result(status="created", reference=str(invoice_id))
+"""
+
+from __future__ import annotations
+
+import typing
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from psycopg import AsyncConnection
+from pydantic import BaseModel
+
+from consumer_kit.envelope import DEFAULT_TENANT, TENANT_HEADER, Envelope
+from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
+from consumer_kit.identity import OperationIdentity
+from consumer_kit.outbox import OutboxWriter
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a handler reports; stored in the ledger and replayed to duplicates.
+
+    Attributes:
+        status: short status such as ``"created"`` (<= 200 characters).
+        reference: reference to the effect, e.g. the new row's id (<= 500 characters).
+        body: small JSON-compatible body (kept until the result-body retention ends).
+    """
+
+    status: str = "ok"
+    reference: str | None = None
+    body: Any = None
+
+
+@dataclass
+class Context:
+    """What a handler gets besides its message.
+
+    Attributes:
+        connection: the open psycopg connection, inside the delivery's transaction. Everything
+            written through it commits together with the ledger row and the outbox rows.
+        operation: scope, key and fingerprint of the operation.
+        envelope: broker facts of the delivery (message id, headers, delivery count).
+    """
+
+    connection: AsyncConnection[Any]
+    operation: OperationIdentity
+    envelope: Envelope
+    _outbox: OutboxWriter
+    published: list[uuid.UUID] = field(default_factory=list)
+
+    async def publish(
+        self,
+        event: BaseModel,
+        *,
+        destination: str,
+        routing_key: str = "",
+        partition_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_type: str | None = None,
+    ) -> uuid.UUID:
+        """Write ``event`` to the outbox in this transaction; the relay publishes it after COMMIT.
+
+        Args:
+            event: a pydantic model, serialised in JSON mode.
+            destination: outbox destination (by default a RabbitMQ topic exchange of that name).
+            routing_key: routing key within the destination.
+            partition_key: ordering key: events with the same key are published in commit order.
+            headers: extra string headers.
+            message_type: defaults to the model's class name.
+
+        Returns:
+            The event ID (UUID): the broker message id on every publish attempt.
+        """
+        event_id = await self._outbox.add(
+            self.connection,
+            destination=destination,
+            routing_key=routing_key,
+            message_type=message_type or type(event).__name__,
+            payload=event.model_dump(mode="json"),
+            partition_key=partition_key,
+            headers=dict(headers or {}),
+            operation=self.operation,
+            correlation_id=self.envelope.correlation_id,
+        )
+        self.published.append(event_id)
+        return event_id
+
+
+class Handler(Generic[M]):
+    """Base class of message handlers, generic in the pydantic message model.
+
+    Class attributes:
+        operation_type: what the operation does, e.g. ``"invoice.create"`` (required).
+        fingerprint_exclude: fields left out of the fingerprint (volatile: timestamps, trace ids).
+        version: part of the scope; bump it when the meaning of keys changes.
+        projection_version: bump when the intent projection changes (stored with the fingerprint).
+        message_type: name matched against header ``message-type`` when several handlers share a
+            queue; defaults to the model's class name.
+        key_from_message_id: fall back to the broker message id when no ``operation-id`` header is
+            present (only safe where producers set a stable message id per operation).
+    """
+
+    operation_type: ClassVar[str]
+    fingerprint_exclude: ClassVar[Any] = None
+    version: ClassVar[int] = 1
+    projection_version: ClassVar[int] = 1
+    message_type: ClassVar[str | None] = None
+    key_from_message_id: ClassVar[bool] = False
+    model: ClassVar[type[BaseModel]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is Handler:
+                (arg,) = typing.get_args(base)
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    cls.model = arg
+        if cls.message_type is None and hasattr(cls, "model"):
+            cls.message_type = cls.model.__name__
+
+    def __init__(self) -> None:
+        if not getattr(type(self), "operation_type", None):
+            raise ConfigurationError(f"{type(self).__name__} must set operation_type")
+        if not hasattr(type(self), "model"):
+            raise ConfigurationError(
+                f"{type(self).__name__} must subclass Handler[YourModel] with a pydantic model"
+            )
+
+    def operation_key(self, message: M, envelope: Envelope) -> str | None:
+        """The stable operation key. Default: header ``operation-id``, else (opt-in) the broker
+        message id, else ``None`` (dead-lettered as ``missing_operation_key``)."""
+        key = envelope.operation_id
+        if key in (None, "") and self.key_from_message_id:
+            key = envelope.message_id
+        return typing.cast("str | None", key)
+
+    def tenant(self, message: M, envelope: Envelope) -> str:
+        """The tenant: header ``tenant-id``, default ``"default"``.
+
+        Raises:
+            InvalidMessage: ``invalid_header`` when the header is not a string.
+        """
+        value = envelope.header(TENANT_HEADER)
+        if value in (None, ""):
+            return DEFAULT_TENANT
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="strict")
+        if not isinstance(value, str):
+            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id must be a string")
+        return value
+
+    async def handle(self, message: M, ctx: Context) -> Result | None:
+        """Do the business effect through ``ctx.connection`` and ``ctx.publish``.
+
+        Raises:
+            PermanentFailure: a business failure; recorded and replayed to duplicates.
+            RetryableError: (or any other exception) rolled back and retried.
+        """
+        raise NotImplementedError

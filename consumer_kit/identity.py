@@ -1,0 +1,172 @@
+"""Operation identity: scope, key and fingerprint of the canonical intent projection.
+
+Rules (DESIGN.md "Words"): the *scope* is tenant + operation type + version; the *key* is stable
+across retries; the *fingerprint* is SHA-256 over canonical JSON of the message minus its excluded
+(volatile) fields. Canonical JSON here means: object keys sorted, no insignificant whitespace, strings
+NFC-normalised, numbers by value (``10``, ``10.0`` and ``Decimal("10.00")`` are one number), aware
+datetimes in UTC, enums by value, sets sorted. So two encodings of one intent share a fingerprint,
+which Powertools' ``json.dumps``-based hash does not guarantee.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import json
+import math
+import unicodedata
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from consumer_kit.errors import DeadLetterReason, InvalidMessage
+
+MAX_KEY_LENGTH = 512  # characters; a longer key is rejected, never truncated (truncation merges keys)
+MAX_SCOPE_PART_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class OperationIdentity:
+    """Who an operation is: ``scope`` + ``key`` identify it, ``fingerprint`` says what it intends."""
+
+    tenant: str
+    operation_type: str
+    version: int
+    key: str
+    fingerprint: str
+    projection_version: int
+
+    @property
+    def scope(self) -> str:
+        return make_scope(self.tenant, self.operation_type, self.version)
+
+
+def make_scope(tenant: str, operation_type: str, version: int) -> str:
+    """``"<tenant>/<operation_type>/v<version>"``, e.g. ``"acme/invoice.create/v1"``."""
+    return f"{tenant}/{operation_type}/v{version}"
+
+
+def normalize_key(raw: object, *, what: str = "operation key") -> str:
+    """Validate an operation key (or tenant) and return its NFC form.
+
+    Raises:
+        InvalidMessage: ``missing_operation_key`` when empty or absent, ``invalid_operation_key``
+            when not a string, longer than 512 characters, or holding control characters (NUL...).
+    """
+    if raw is None or raw == "" or raw == b"":
+        raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is missing or empty")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} is not UTF-8") from None
+    if not isinstance(raw, str):
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_OPERATION_KEY, f"{what} must be a string, got {type(raw).__name__}"
+        )
+    key = unicodedata.normalize("NFC", raw)
+    if not key.strip():
+        raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is blank")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_OPERATION_KEY, f"{what} is {len(key)} characters (max {MAX_KEY_LENGTH})"
+        )
+    if any(unicodedata.category(ch) == "Cc" for ch in key):
+        raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} contains control characters")
+    return key
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise ``value`` canonically (see module docstring). Raises ``TypeError`` on an
+    unsupported type."""
+    parts: list[str] = []
+    _emit(value, parts)
+    return "".join(parts)
+
+
+def fingerprint(message: BaseModel, exclude: Any = None) -> str:
+    """SHA-256 (hex, 64 characters) of the canonical JSON of ``message`` minus ``exclude``
+    (pydantic's exclude syntax: a set of field names or a nested mapping)."""
+    projection = message.model_dump(mode="python", exclude=exclude)
+    return hashlib.sha256(canonical_json(projection).encode("utf-8")).hexdigest()
+
+
+def _emit(value: Any, out: list[str]) -> None:
+    if value is None or isinstance(value, bool):
+        out.append("null" if value is None else ("true" if value else "false"))
+    elif isinstance(value, enum.Enum):
+        _emit(value.value, out)
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(_number_from_float(value))
+    elif isinstance(value, decimal.Decimal):
+        out.append(_number_from_decimal(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(unicodedata.normalize("NFC", value), ensure_ascii=False))
+    elif isinstance(value, BaseModel):
+        _emit(value.model_dump(mode="python"), out)
+    elif isinstance(value, Mapping):
+        items = sorted((unicodedata.normalize("NFC", str(k)), v) for k, v in value.items())
+        out.append("{")
+        for i, (k, v) in enumerate(items):
+            if i:
+                out.append(",")
+            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(":")
+            _emit(v, out)
+        out.append("}")
+    elif isinstance(value, (list, tuple)):
+        _emit_sequence(value, out)
+    elif isinstance(value, (set, frozenset)):
+        _emit_sequence(sorted(value, key=canonical_json), out)
+    elif isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc)
+        out.append(json.dumps(value.isoformat()))
+    elif isinstance(value, (dt.date, dt.time)):
+        out.append(json.dumps(value.isoformat()))
+    elif isinstance(value, dt.timedelta):
+        out.append(_number_from_decimal(decimal.Decimal(str(value.total_seconds()))))
+    elif isinstance(value, uuid.UUID):
+        out.append(json.dumps(str(value)))
+    elif isinstance(value, bytes):
+        out.append(json.dumps(base64.b64encode(value).decode("ascii")))
+    else:
+        raise TypeError(f"cannot fingerprint a value of type {type(value).__name__}")
+
+
+def _emit_sequence(values: Any, out: list[str]) -> None:
+    out.append("[")
+    for i, item in enumerate(values):
+        if i:
+            out.append(",")
+        _emit(item, out)
+    out.append("]")
+
+
+def _number_from_float(value: float) -> str:
+    if math.isnan(value) or math.isinf(value):
+        return json.dumps(repr(value))  # not JSON numbers: a distinct string form
+    if value == 0:
+        return "0"  # -0.0 and 0.0 are one intent
+    return _number_from_decimal(decimal.Decimal(repr(value)))
+
+
+def _number_from_decimal(value: decimal.Decimal) -> str:
+    if not value.is_finite():
+        return json.dumps(str(value))
+    if value.is_zero():
+        return "0"
+    normalized = value.normalize()
+    sign, digits, exponent = normalized.as_tuple()
+    assert isinstance(exponent, int)
+    if exponent >= 0:
+        return str(int(normalized))
+    return format(normalized, "f")

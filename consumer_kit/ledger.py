@@ -1,0 +1,280 @@
+"""The operation ledger: the ``operations`` table, its claim and its transitions.
+
+All ledger SQL lives here, built with ``psycopg.sql`` (the schema name is an identifier, never
+formatted by hand). States: ``processing -> completed | failed | needs_reconciliation`` and
+``needs_reconciliation -> completed | failed`` (operator or reconcile pass).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from consumer_kit.identity import OperationIdentity
+from consumer_kit.outcomes import StoredResult
+
+PROCESSING = "processing"
+COMPLETED = "completed"
+FAILED = "failed"
+NEEDS_RECONCILIATION = "needs_reconciliation"
+
+# Ordered, append-only; each statement is idempotent so a re-run (or a concurrent run, serialised by
+# the advisory lock in ``migrate``) is safe.
+LEDGER_MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.operations (
+            scope               text        NOT NULL,
+            key                 text        NOT NULL,
+            tenant              text        NOT NULL,
+            operation_type      text        NOT NULL,
+            fingerprint         text        NOT NULL,
+            projection_version  integer     NOT NULL,
+            state               text        NOT NULL CHECK (state IN
+                                    ('processing', 'completed', 'failed', 'needs_reconciliation')),
+            attempts            integer     NOT NULL DEFAULT 1,
+            lease_owner         text,
+            lease_expires_at    timestamptz,
+            message_id          text,
+            result_status       text,
+            result_reference    text,
+            result_body         jsonb,
+            error_class         text,
+            error_detail        text,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            updated_at          timestamptz NOT NULL DEFAULT now(),
+            completed_at        timestamptz,
+            PRIMARY KEY (scope, key)
+        );
+        CREATE INDEX IF NOT EXISTS operations_open_leases_idx
+            ON {schema}.operations (lease_expires_at) WHERE state = 'processing';
+        CREATE INDEX IF NOT EXISTS operations_needs_reconciliation_idx
+            ON {schema}.operations (updated_at) WHERE state = 'needs_reconciliation';
+        """,
+    ),
+]
+
+
+@dataclass(frozen=True)
+class OperationRow:
+    """One ledger row, as the runtime needs it."""
+
+    scope: str
+    key: str
+    fingerprint: str
+    projection_version: int
+    state: str
+    attempts: int
+    lease_owner: str | None
+    lease_live: bool
+    result_status: str | None
+    result_reference: str | None
+    result_body: Any
+    error_class: str | None
+    error_detail: str | None
+    completed_at: dt.datetime | None
+
+    @property
+    def stored_result(self) -> StoredResult:
+        return StoredResult(self.result_status, self.result_reference, self.result_body)
+
+
+_ROW_COLUMNS = sql.SQL(
+    "scope, key, fingerprint, projection_version, state, attempts, lease_owner, "
+    "coalesce(lease_expires_at > now(), false) AS lease_live, result_status, result_reference, "
+    "result_body, error_class, error_detail, completed_at"
+)
+
+
+class Ledger:
+    """Statements on ``<schema>.operations``, prepared once per schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        table = sql.Identifier(schema, "operations")
+        # Claim and, in the same round trip, read the existing row when the claim lost. If the winner
+        # committed after this statement's snapshot was taken, the second SELECT sees nothing and
+        # ``claim`` reads again with a fresh snapshot.
+        self._claim = sql.SQL(
+            """
+            WITH claimed AS (
+                INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
+                    projection_version, state, attempts, lease_owner, lease_expires_at, message_id)
+                VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
+                    %(projection_version)s, 'processing', 1, %(owner)s,
+                    now() + make_interval(secs => %(lease)s), %(message_id)s)
+                ON CONFLICT (scope, key) DO NOTHING
+                RETURNING true AS claimed, {columns}
+            )
+            SELECT * FROM claimed
+            UNION ALL
+            SELECT false AS claimed, {columns} FROM {table}
+             WHERE scope = %(scope)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
+            """
+        ).format(table=table, columns=_ROW_COLUMNS)
+        self._fetch = sql.SQL("SELECT false AS claimed, {columns} FROM {table} WHERE scope = %s AND key = %s").format(
+            table=table, columns=_ROW_COLUMNS
+        )
+        self._complete = sql.SQL(
+            """
+            UPDATE {table} SET state = 'completed', result_status = %s, result_reference = %s,
+                   result_body = %s, lease_owner = NULL, lease_expires_at = NULL,
+                   updated_at = now(), completed_at = now()
+             WHERE scope = %s AND key = %s AND state = 'processing'
+            """
+        ).format(table=table)
+        self._fail = sql.SQL(
+            """
+            UPDATE {table} SET state = 'failed', result_status = %s, error_class = %s,
+                   error_detail = %s, lease_owner = NULL, lease_expires_at = NULL,
+                   updated_at = now(), completed_at = now()
+             WHERE scope = %s AND key = %s AND state = 'processing'
+            """
+        ).format(table=table)
+        # Conditional write: only one worker can take over a given expired lease.
+        self._take_over = sql.SQL(
+            """
+            UPDATE {table} SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s),
+                   attempts = attempts + 1, updated_at = now()
+             WHERE scope = %s AND key = %s AND state = 'processing'
+               AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+            RETURNING attempts
+            """
+        ).format(table=table)
+
+    async def claim(
+        self,
+        conn: AsyncConnection[Any],
+        identity: OperationIdentity,
+        *,
+        owner: str,
+        lease_seconds: float,
+        message_id: str | None,
+    ) -> tuple[bool, OperationRow | None]:
+        """Atomically claim ``identity`` inside the caller's transaction.
+
+        Returns ``(True, row)`` when this transaction inserted the row (it owns the operation until
+        COMMIT), else ``(False, existing_row)``; ``existing_row`` is ``None`` only if the row vanished
+        between the two reads (retention), in which case the caller retries.
+
+        Raises:
+            psycopg.errors.LockNotAvailable: a concurrent claimer held the key past ``lock_timeout``.
+        """
+        params = {
+            "scope": identity.scope,
+            "key": identity.key,
+            "tenant": identity.tenant,
+            "operation_type": identity.operation_type,
+            "fingerprint": identity.fingerprint,
+            "projection_version": identity.projection_version,
+            "owner": owner,
+            "lease": lease_seconds,
+            "message_id": message_id,
+        }
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._claim, params)
+            found = await cur.fetchone()
+            if found is None:
+                await cur.execute(self._fetch, (identity.scope, identity.key))
+                found = await cur.fetchone()
+        if found is None:
+            return False, None
+        claimed = bool(found.pop("claimed"))
+        return claimed, OperationRow(**found)
+
+    async def fetch(self, conn: AsyncConnection[Any], scope: str, key: str) -> OperationRow | None:
+        """The row for (scope, key), or ``None``."""
+        async with conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute(self._fetch, (scope, key))
+            found = await cur.fetchone()
+        if found is None:
+            return None
+        found.pop("claimed")
+        return OperationRow(**found)
+
+    async def complete(
+        self, conn: AsyncConnection[Any], scope: str, key: str, result: StoredResult
+    ) -> None:
+        """Mark the claimed operation ``completed`` with its result (same transaction as the effect)."""
+        body = None if result.body is None else Jsonb(result.body)
+        cur = await conn.execute(
+            self._complete, (result.status, result.reference, body, scope, key)
+        )
+        if cur.rowcount != 1:
+            raise RuntimeError(f"ledger row {scope}/{key} was not processing at completion")
+
+    async def fail(
+        self,
+        conn: AsyncConnection[Any],
+        scope: str,
+        key: str,
+        *,
+        code: str,
+        error_class: str,
+        detail: str,
+    ) -> None:
+        """Mark the claimed operation ``failed`` (retained: duplicates replay this failure)."""
+        cur = await conn.execute(self._fail, (code, error_class, detail, scope, key))
+        if cur.rowcount != 1:
+            raise RuntimeError(f"ledger row {scope}/{key} was not processing at failure")
+
+    async def take_over_expired_lease(
+        self, conn: AsyncConnection[Any], scope: str, key: str, *, owner: str, lease_seconds: float
+    ) -> bool:
+        """Take over a ``processing`` row whose lease has expired. ``True`` when this call won."""
+        cur = await conn.execute(self._take_over, (owner, lease_seconds, scope, key))
+        return cur.rowcount == 1
+
+
+async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
+    """Create or upgrade the ledger and outbox in ``schema``; safe to re-run and to run concurrently.
+
+    Returns the migration versions applied by this call (empty when already up to date).
+    """
+    from consumer_kit.outbox import OUTBOX_MIGRATIONS, notify_channel
+
+    schema_id = sql.Identifier(schema)
+    applied_now: list[int] = []
+    async with conn.transaction():
+        # Serialise concurrent migrators (two workers starting at once) on one schema.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("consumer_kit:" + schema,))
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema_id))
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(schema, "schema_migrations"))
+        )
+        cur = await conn.execute(
+            sql.SQL("SELECT version FROM {}").format(sql.Identifier(schema, "schema_migrations"))
+        )
+        done = {row[0] for row in await cur.fetchall()}
+        for version, ddl in sorted(LEDGER_MIGRATIONS + OUTBOX_MIGRATIONS):
+            if version in done:
+                continue
+            await conn.execute(
+                sql.SQL(ddl).format(schema=schema_id, channel=sql.Literal(notify_channel(schema)))
+            )
+            await conn.execute(
+                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
+                    sql.Identifier(schema, "schema_migrations")
+                ),
+                (version,),
+            )
+            applied_now.append(version)
+    return applied_now
+
+
+async def schema_ready(conn: AsyncConnection[Any], schema: str) -> bool:
+    """``True`` when ``schema`` holds the ledger (``consumer-kit migrate`` has run)."""
+    cur = await conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, "operations").as_string(conn),)
+    )
+    row = await cur.fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,116 @@
+"""The transactional outbox: the ``outbox`` table and the writer handlers use through ``ctx.publish``.
+
+All outbox SQL used by the core lives here; the relay's claim/mark statements live in
+``outbox_relay`` next to the loop that uses them (they are the relay's own protocol).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg.types.json import Jsonb
+
+from consumer_kit.identity import OperationIdentity
+
+NOTIFY_CHANNEL_SUFFIX = "_outbox"
+
+OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
+    (
+        101,
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.outbox (
+            id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            event_id         uuid        NOT NULL UNIQUE,
+            destination      text        NOT NULL,
+            routing_key      text        NOT NULL DEFAULT '',
+            message_type     text        NOT NULL,
+            partition_key    text,
+            payload          jsonb       NOT NULL,
+            headers          jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
+            created_at       timestamptz NOT NULL DEFAULT now(),
+            available_at     timestamptz NOT NULL DEFAULT now(),
+            published_at     timestamptz,
+            attempts         integer     NOT NULL DEFAULT 0,
+            last_error       text,
+            claimed_by       text,
+            claimed_until    timestamptz,
+            operation_scope  text,
+            operation_key    text,
+            correlation_id   text
+        );
+        CREATE INDEX IF NOT EXISTS outbox_pending_idx
+            ON {schema}.outbox (available_at, id) WHERE published_at IS NULL;
+        CREATE INDEX IF NOT EXISTS outbox_pending_partition_idx
+            ON {schema}.outbox (partition_key, id)
+            WHERE published_at IS NULL AND partition_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS outbox_published_at_idx
+            ON {schema}.outbox (published_at) WHERE published_at IS NOT NULL;
+        CREATE OR REPLACE FUNCTION {schema}.outbox_notify() RETURNS trigger
+            LANGUAGE plpgsql AS $fn$
+            BEGIN
+                -- identical notifications in one transaction are folded by PostgreSQL: one per commit
+                PERFORM pg_notify({channel}, '');
+                RETURN NULL;
+            END
+            $fn$;
+        DROP TRIGGER IF EXISTS outbox_notify ON {schema}.outbox;
+        CREATE TRIGGER outbox_notify AFTER INSERT ON {schema}.outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.outbox_notify();
+        """,
+    ),
+]
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel the outbox trigger signals on: ``"<schema>_outbox"``."""
+    return schema + NOTIFY_CHANNEL_SUFFIX
+
+
+class OutboxWriter:
+    """Writes outbox rows inside the caller's transaction."""
+
+    def __init__(self, schema: str) -> None:
+        self._insert = sql.SQL(
+            """
+            INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
+                                 payload, headers, operation_scope, operation_key, correlation_id)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """
+        ).format(table=sql.Identifier(schema, "outbox"))
+
+    async def add(
+        self,
+        conn: AsyncConnection[Any],
+        *,
+        destination: str,
+        routing_key: str,
+        message_type: str,
+        payload: Any,
+        partition_key: str | None,
+        headers: Mapping[str, str],
+        operation: OperationIdentity | None,
+        correlation_id: str | None,
+    ) -> uuid.UUID:
+        """Insert one event row; returns its event ID. Raises ``ValueError`` on an empty destination."""
+        if not destination:
+            raise ValueError("destination must be a non-empty outbox destination name")
+        event_id = uuid.uuid4()
+        await conn.execute(
+            self._insert,
+            (
+                event_id,
+                destination,
+                routing_key,
+                message_type,
+                partition_key,
+                Jsonb(payload),
+                Jsonb(dict(headers)),
+                operation.scope if operation else None,
+                operation.key if operation else None,
+                correlation_id,
+            ),
+        )
+        return event_id

@@ -1,0 +1,56 @@
+"""What the runtime decided for one delivery (DESIGN.md "outcome")."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from consumer_kit.broker import Settlement
+
+
+class Outcome(str, enum.Enum):
+    EXECUTED = "executed"  # first execution: handler ran, committed
+    DUPLICATE = "duplicate"  # completed before: stored result replayed, handler not run
+    PAYLOAD_CONFLICT = "payload_conflict"  # same key, different fingerprint: dead-lettered
+    IN_PROGRESS = "in_progress"  # another worker holds the operation: retried later
+    LEASE_RECOVERED = "lease_recovered"  # an expired lease was taken over and the handler ran
+    RETRIED = "retried"  # handler raised a retryable error: rolled back, retried
+    FAILED = "failed"  # handler raised PermanentFailure: failed row retained, acked
+    FAILED_RETAINED = "failed_retained"  # duplicate of a failed operation: failure replayed
+    INVALID = "invalid"  # bad body/key/headers: dead-lettered
+    DEAD_LETTERED = "dead_lettered"  # retryable error past max deliveries
+    UNCERTAIN = "uncertain"  # COMMIT outcome unknown: not acked, redelivery reads the ledger
+    KEY_EXPIRED = "key_expired"  # reserved for the retention policy
+    CRASHED = "crashed"  # a crash point fired: left unsettled
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """An operation's recorded outcome, replayed to duplicates.
+
+    Attributes:
+        status: handler-chosen status (e.g. ``"created"``) or a failure code.
+        reference: a short reference to the effect (e.g. an invoice id), or ``None``.
+        body: small JSON-compatible result body, or ``None``.
+    """
+
+    status: str | None
+    reference: str | None
+    body: Any = None
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What happened to one delivery; returned by the runtime, logged, counted, used by tests."""
+
+    outcome: Outcome
+    settlement: Settlement | None
+    queue: str
+    message_id: str | None
+    delivery_count: int
+    scope: str | None = None
+    operation_key: str | None = None
+    reason: str | None = None
+    result: StoredResult | None = None
+    duration_seconds: float = 0.0

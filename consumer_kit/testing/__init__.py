@@ -1,0 +1,1 @@
+"""Testing kit for users' handlers (pytest plugin ``consumer_kit.testing.plugin``)."""

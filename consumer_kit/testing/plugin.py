@@ -1,0 +1,1 @@
+"""pytest plugin registered by the ``consumer-kit`` distribution (entry point ``pytest11``)."""

@@ -1,0 +1,132 @@
+"""A worker process: subscribes an :class:`App`'s queues and runs deliveries through the runtime.
+
+Graceful shutdown (SIGTERM/SIGINT): stop taking deliveries, let in-flight ones finish for up to
+``shutdown_timeout`` seconds, release the rest back to the broker (unsettled: redelivered), close
+connections, return normally (exit code 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from consumer_kit.app import App
+from consumer_kit.broker import Consumer, Delivery
+from consumer_kit.brokers import open_consumer
+from consumer_kit.embedded import database_url
+from consumer_kit.errors import ConfigurationError, SimulatedCrash
+from consumer_kit.ledger import migrate, schema_ready
+from consumer_kit.runtime import Runtime, open_pool
+from consumer_kit.settings import Settings
+
+logger = logging.getLogger("consumer_kit.worker")
+
+
+class Worker:
+    """Runs ``app`` until stopped.
+
+    Args:
+        app: queue -> handler routes.
+        settings: defaults to ``Settings()`` read from the environment.
+        consumer: a broker consumer; default: the adapter for ``settings.broker_url``.
+        migrate_schema: create/upgrade the ledger and outbox at start (always on for the embedded
+            database, where there is no operator to run ``consumer-kit migrate``).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings | None = None,
+        *,
+        consumer: Consumer | None = None,
+        migrate_schema: bool = False,
+    ) -> None:
+        self.app = app
+        self.settings = settings or Settings()
+        self._consumer = consumer
+        self._migrate = migrate_schema or self.settings.database_url is None
+        self._stop = asyncio.Event()
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self.runtime: Runtime | None = None
+        self.started = asyncio.Event()
+
+    def stop(self) -> None:
+        """Ask the worker to shut down gracefully (safe from a signal handler)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Start, serve until :meth:`stop` or SIGTERM/SIGINT, then shut down gracefully.
+
+        Raises:
+            ConfigurationError: no queues, schema missing (run ``consumer-kit migrate``), bad URL.
+        """
+        if not self.app.queues:
+            raise ConfigurationError(f"app {self.app.name!r} subscribes no queue")
+        pool = await open_pool(self.settings, database_url(self.settings))
+        try:
+            await self._prepare_schema(pool)
+            self.runtime = Runtime(self.app, pool, self.settings)
+            consumer = self._consumer or open_consumer(self.settings)
+            try:
+                for queue in self.app.queues:
+                    await consumer.subscribe(queue, self._on_delivery, prefetch=self.settings.concurrency)
+                self._install_signal_handlers()
+                logger.info(
+                    "worker %s consuming %s with concurrency %s",
+                    self.runtime.worker_id, ", ".join(self.app.queues), self.settings.concurrency,
+                )
+                self.started.set()
+                await self._stop.wait()
+                logger.info("shutting down: %s deliveries in flight", len(self._inflight))
+                await consumer.stop_consuming()
+                await self._drain()
+            finally:
+                await consumer.close()
+        finally:
+            await pool.close()
+        logger.info("worker stopped")
+
+    async def _on_delivery(self, delivery: Delivery) -> None:
+        assert self.runtime is not None
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            await self.runtime.process(delivery)
+        except SimulatedCrash as crash:
+            # An armed crash point: behave as a dead process would, leaving the delivery unsettled.
+            logger.warning("crash point %s fired: leaving message_id=%s unsettled", crash, delivery.message_id)
+        finally:
+            self._inflight.discard(task)
+
+    async def _drain(self) -> None:
+        if not self._inflight:
+            return
+        done, pending = await asyncio.wait(set(self._inflight), timeout=self.settings.shutdown_timeout)
+        for task in pending:
+            task.cancel()  # the runtime releases the delivery and rolls back its transaction
+        if pending:
+            logger.warning("released %s deliveries still running after %.0f s", len(pending), self.settings.shutdown_timeout)
+            await asyncio.wait(pending, timeout=self.settings.settle_timeout)
+
+    async def _prepare_schema(self, pool: AsyncConnectionPool) -> None:
+        async with pool.connection() as conn:
+            if self._migrate:
+                await migrate(conn, self.settings.db_schema)
+                return
+            if not await schema_ready(conn, self.settings.db_schema):
+                raise ConfigurationError(
+                    f"schema {self.settings.db_schema!r} has no ledger: run `consumer-kit migrate` first"
+                )
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError):  # not the main thread
+                pass

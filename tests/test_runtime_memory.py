@@ -1,0 +1,73 @@
+"""The delivery pipeline on the memory broker and the real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+
+import pytest
+
+from adapters.memory import MemoryBroker, MemoryConsumer
+from consumer_kit import App, Outcome
+from examples.invoices.app import CreateInvoiceHandler
+from tests.harness import fetch_all, runtime_for, throwaway_schema
+
+QUEUE = "invoices.commands"
+
+
+def command(order_id: int = 418, amount: int = 1250, **extra: object) -> bytes:
+    body = {
+        "order_id": order_id, "revision": 2, "customer_id": "c-1", "amount_cents": amount,
+        "currency": "EUR", "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+    }
+    body.update(extra)
+    return json.dumps(body).encode()
+
+
+@pytest.fixture
+def app() -> App:
+    app = App("test")
+    app.subscribe(QUEUE, CreateInvoiceHandler())
+    return app
+
+
+async def run_all(broker: MemoryBroker, runtime, concurrency: int = 8) -> list:
+    reports: list = []
+
+    async def on_delivery(delivery):
+        reports.append(await runtime.process(delivery))
+
+    consumer = MemoryConsumer(broker)
+    await consumer.subscribe(QUEUE, on_delivery, prefetch=concurrency)
+    await broker.wait_idle(20)
+    await consumer.close()
+    return reports
+
+
+async def test_five_deliveries_one_effect(database_url: str, app: App) -> None:
+    async with throwaway_schema(database_url) as schema, runtime_for(app, database_url, schema) as rt:
+        broker = MemoryBroker()
+        for _ in range(5):
+            broker.send(QUEUE, command())
+        reports = await run_all(broker, rt)
+        outcomes = sorted(r.outcome for r in reports)
+        assert outcomes.count(Outcome.EXECUTED) == 1
+        assert outcomes.count(Outcome.DUPLICATE) + outcomes.count(Outcome.IN_PROGRESS) >= 4
+        assert len(await fetch_all(database_url, schema, "SELECT * FROM invoices")) == 1
+        assert await fetch_all(database_url, schema, "SELECT invoiced_cents FROM customers") == [(1250,)]
+        assert len(await fetch_all(database_url, schema, "SELECT * FROM outbox")) == 1
+        assert await fetch_all(database_url, schema, "SELECT state FROM operations") == [("completed",)]
+
+
+async def test_conflict_and_volatile_field(database_url: str, app: App) -> None:
+    async with throwaway_schema(database_url) as schema, runtime_for(app, database_url, schema) as rt:
+        broker = MemoryBroker()
+        broker.send(QUEUE, command())
+        await run_all(broker, rt)
+        broker.send(QUEUE, command(amount=9999))
+        broker.send(QUEUE, command(requested_at="2020-01-01T00:00:00Z"))
+        reports = await run_all(broker, rt, concurrency=1)
+        assert sorted(r.outcome.value for r in reports) == ["duplicate", "payload_conflict"]
+        assert [d.reason for d in broker.dead_letters(QUEUE)] == ["payload_conflict"]
+        assert await fetch_all(database_url, schema, "SELECT invoiced_cents FROM customers") == [(1250,)]
