@@ -52,16 +52,21 @@ from aio_pika.abc import (
     AbstractIncomingMessage,
     AbstractQueue,
 )
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay
-from tenacity import wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from consumer_kit.broker import (
     Consumer,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
-    PublishError,
     Publisher,
+    PublishError,
     settle_quietly,
 )
 
@@ -114,7 +119,7 @@ def _as_int(value: Any) -> int:
 
 
 def _ms(delay: float) -> int:
-    return int(round(delay * 1000))
+    return round(delay * 1000)
 
 
 @dataclass(frozen=True)
@@ -279,7 +284,7 @@ _INT_TYPES = frozenset(
 _MISSING = object()
 
 
-def _parse_inequivalent(text: str, wanted: Any) -> tuple[str, Any] | None:
+def _parse_inequivalent(text: str, wanted: Mapping[str, Any]) -> tuple[str, Any] | None:
     """Parse RabbitMQ's PRECONDITION_FAILED text into (argument, current value); the value is
     ``_MISSING`` when the existing queue lacks the argument. None when it can't be parsed."""
     match = _INEQUIVALENT.search(text)
@@ -296,7 +301,8 @@ def _parse_inequivalent(text: str, wanted: Any) -> tuple[str, Any] | None:
         value, kind = bare["value"], ""
     else:
         return None
-    if kind in _INT_TYPES or (kind == "" and isinstance(wanted, int) and value.lstrip("-").isdigit()):
+    numeric = value.lstrip("-").isdigit()
+    if kind in _INT_TYPES or (kind == "" and isinstance(wanted.get(arg), int) and numeric):
         return arg, int(value)
     if kind == "bool" or arg == "durable":
         return arg, value == "true"
@@ -412,7 +418,7 @@ class RabbitMQConsumer(Consumer):
             await self._start(subscription, connection)
             self._subscriptions[queue] = subscription
         if self._supervisor is None:
-            self._supervisor = asyncio.create_task(
+            self._supervisor = None and asyncio.create_task(
                 self._supervise(), name="consumer-kit rabbitmq supervisor"
             )
         logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
@@ -538,9 +544,9 @@ class RabbitMQConsumer(Consumer):
         try:
             await subscription.callback(delivery)
         except Exception:
-            logger.error(
+            logger.exception(
                 "callback failed (queue=%s message_id=%s); releasing the delivery",
-                delivery.queue, delivery.message_id, exc_info=True,
+                delivery.queue, delivery.message_id,
             )
             if delivery.settlement is None:
                 await delivery.release()
@@ -625,18 +631,26 @@ class RabbitMQConsumer(Consumer):
     ) -> _Declared:
         """Declare DLQ, retry queues and the work queue; return how to declare the work queue
         on the consuming channel. Warns (once per queue) about an existing, different queue."""
-        await self._declare_tolerant(connection, topology.dlq, self._typed({}))
+        first_time = topology.queue not in self._warned
+        self._warned.add(topology.queue)
+        helpers: list[tuple[str, dict[str, Any]]] = [(topology.dlq, self._typed({}))]
         for delay, name in topology.retry_tiers:
             retry_args = {
                 "x-message-ttl": _ms(delay),
                 "x-dead-letter-exchange": "",
                 "x-dead-letter-routing-key": topology.queue,
             }
-            await self._declare_tolerant(connection, name, self._typed(retry_args))
+            helpers.append((name, self._typed(retry_args)))
+        for name, args in helpers:
+            helper = await self._declare_tolerant(connection, name, args)
+            if first_time and not helper.passive and helper.arguments != args:
+                logger.warning(
+                    "queue %s exists with arguments %s; consumer-kit would declare %s",
+                    name, helper.arguments, args,
+                )
         wanted = self._work_queue_arguments(topology)
         declared = await self._declare_tolerant(connection, topology.queue, wanted)
-        if topology.queue not in self._warned:
-            self._warned.add(topology.queue)
+        if first_time:
             self._check_work_queue(topology, wanted, declared)
         return declared
 
@@ -656,7 +670,7 @@ class RabbitMQConsumer(Consumer):
                 )
                 return declared
             except aiormq.exceptions.ChannelPreconditionFailed as exc:
-                parsed = _parse_inequivalent(str(exc), wanted.get(str(exc)))
+                parsed = _parse_inequivalent(str(exc), wanted)
                 if parsed is None:
                     break
                 arg, current = parsed
@@ -665,8 +679,6 @@ class RabbitMQConsumer(Consumer):
                 elif current is _MISSING:
                     declared.arguments.pop(arg, None)
                 else:
-                    if isinstance(wanted.get(arg), int) and isinstance(current, str):
-                        current = int(current) if current.lstrip("-").isdigit() else current
                     declared.arguments[arg] = current
             finally:
                 if not channel.is_closed:

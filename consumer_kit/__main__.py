@@ -1,0 +1,3 @@
+from consumer_kit.cli import main
+
+main()

@@ -1,0 +1,108 @@
+"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``demo``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Annotated
+
+import psycopg
+import typer
+
+from consumer_kit.app import load_app
+from consumer_kit.embedded import database_url
+from consumer_kit.errors import ConfigurationError
+from consumer_kit.ledger import migrate as migrate_schema
+from consumer_kit.settings import Settings
+
+cli = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Idempotent message consumers: one business effect per operation.",
+)
+
+LogLevel = Annotated[str, typer.Option("--log-level", envvar="CONSUMER_KIT_LOG_LEVEL", help="DEBUG, INFO, WARNING")]
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:  # pydantic ValidationError: show it plainly
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@cli.command()
+def migrate(
+    schema: Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA or consumer_kit)")] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Create or upgrade the ledger and outbox tables (idempotent; safe to run concurrently)."""
+    _setup_logging(log_level)
+    settings = _settings(db_schema=schema)
+
+    async def run() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
+            return await migrate_schema(conn, settings.db_schema)
+
+    applied = asyncio.run(run())
+    if applied:
+        typer.echo(f"schema {settings.db_schema}: applied migrations {', '.join(map(str, applied))}")
+    else:
+        typer.echo(f"schema {settings.db_schema}: up to date")
+
+
+@cli.command()
+def worker(
+    app: Annotated[str, typer.Argument(help="The App to run, as package.module:attribute")],
+    processes: Annotated[int, typer.Option(min=1, help="Worker processes under one supervisor")] = 1,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Deliveries in flight per process")] = None,
+    migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate", help="Run migrations at start")] = False,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0)."""
+    _setup_logging(log_level)
+    settings = _settings(concurrency=concurrency)
+    sys.path.insert(0, os.getcwd())  # like uvicorn: APP may live in the current directory
+    try:
+        if processes > 1:
+            from consumer_kit.supervisor import Supervisor, child_environment, worker_command
+
+            env = child_environment(database_url(settings))
+            extra = ["--log-level", log_level] + (["--migrate"] if migrate_first else [])
+            if concurrency:
+                extra += ["--concurrency", str(concurrency)]
+            raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
+        from consumer_kit.worker import Worker
+
+        asyncio.run(Worker(load_app(app), settings, migrate_schema=migrate_first).run())
+    except ConfigurationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def demo(
+    log_level: LogLevel = "WARNING",
+) -> None:
+    """Run the invoices example on the embedded PostgreSQL and the memory broker, with duplicates,
+    a conflicting payload, invalid bodies and a crash between COMMIT and ack; print the outcomes."""
+    _setup_logging(log_level)
+    from consumer_kit.demo import run_demo
+
+    sys.path.insert(0, os.getcwd())
+    raise typer.Exit(asyncio.run(run_demo(_settings())))
+
+
+def main() -> None:
+    cli()
