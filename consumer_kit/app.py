@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.handler import Handler
@@ -23,9 +27,18 @@ class App:
     """
 
     name: str = "app"
-    routes: dict[str, dict[str, Handler[any]]] = field(default_factory=dict)  # type: ignore[valid-type]
+    routes: dict[str, dict[str, Handler[Any]]] = field(default_factory=dict)
+    startup: list[Callable[[AsyncConnection[Any]], Awaitable[None]]] = field(default_factory=list)
 
-    def subscribe(self, queue: str, handler: Handler) -> None:  # type: ignore[type-arg]
+    def on_startup(
+        self, hook: Callable[[AsyncConnection[Any]], Awaitable[None]]
+    ) -> Callable[[AsyncConnection[Any]], Awaitable[None]]:
+        """Register ``hook(connection)``, run by each worker at start (e.g. idempotent DDL of the
+        app's own tables). Usable as a decorator."""
+        self.startup.append(hook)
+        return hook
+
+    def subscribe(self, queue: str, handler: Handler[Any]) -> None:
         """Route ``queue``'s messages to ``handler``.
 
         Raises:

@@ -24,6 +24,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +106,7 @@ class Runtime:
         self.ledger = Ledger(settings.db_schema)
         self.outbox = OutboxWriter(settings.db_schema)
         self.counters = Counters()
+        self.observers: list[Callable[[DeliveryReport], None]] = []  # called with every report
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
@@ -141,6 +143,8 @@ class Runtime:
             delivery, decoded, decision.outcome, started, reason=decision.reason, result=decision.result
         )
         record(report, self.counters, decoded.handler.operation_type if decoded else None)
+        for observe in self.observers:
+            observe(report)
         return report
 
     # -- step 2 and 3 ---------------------------------------------------------------------------

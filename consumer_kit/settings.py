@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     )
     broker_url: str = Field(default="memory://", description="amqp://... or memory://")
     db_schema: str = Field(default="consumer_kit", description="Schema of the ledger and outbox.")
+    search_path: str | None = Field(
+        default=None,
+        description="PostgreSQL search_path for handler connections, e.g. 'app,public'.",
+    )
     embedded_data_dir: Path = Field(default=Path(".consumer-kit/pgdata"))
 
     concurrency: int = Field(default=8, ge=1, le=1024, description="Deliveries in flight per process.")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -20,6 +21,7 @@ from consumer_kit.brokers import open_consumer
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.ledger import migrate, schema_ready
+from consumer_kit.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
 
@@ -44,6 +46,7 @@ class Worker:
         *,
         consumer: Consumer | None = None,
         migrate_schema: bool = False,
+        on_report: Callable[[DeliveryReport], None] | None = None,
     ) -> None:
         self.app = app
         self.settings = settings or Settings()
@@ -53,6 +56,7 @@ class Worker:
         self._inflight: set[asyncio.Task[Any]] = set()
         self.runtime: Runtime | None = None
         self.started = asyncio.Event()
+        self._on_report = on_report
 
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (safe from a signal handler)."""
@@ -66,10 +70,14 @@ class Worker:
         """
         if not self.app.queues:
             raise ConfigurationError(f"app {self.app.name!r} subscribes no queue")
-        pool = await open_pool(self.settings, database_url(self.settings))
+        pool = await open_pool(
+            self.settings, database_url(self.settings), search_path=self.settings.search_path
+        )
         try:
             await self._prepare_schema(pool)
             self.runtime = Runtime(self.app, pool, self.settings)
+            if self._on_report is not None:
+                self.runtime.observers.append(self._on_report)
             consumer = self._consumer or open_consumer(self.settings)
             try:
                 for queue in self.app.queues:
@@ -117,11 +125,12 @@ class Worker:
         async with pool.connection() as conn:
             if self._migrate:
                 await migrate(conn, self.settings.db_schema)
-                return
-            if not await schema_ready(conn, self.settings.db_schema):
+            elif not await schema_ready(conn, self.settings.db_schema):
                 raise ConfigurationError(
                     f"schema {self.settings.db_schema!r} has no ledger: run `consumer-kit migrate` first"
                 )
+            for startup in self.app.startup:
+                await startup(conn)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

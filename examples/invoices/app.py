@@ -95,3 +95,4 @@ async def create_tables(conn: AsyncConnection) -> None:  # type: ignore[type-arg
 
 app = App("invoices")
 app.subscribe("invoices.commands", CreateInvoiceHandler())
+app.on_startup(create_tables)

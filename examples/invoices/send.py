@@ -1,0 +1,59 @@
+"""Send ``CreateInvoice`` commands to ``invoices.commands`` on RabbitMQ (start the worker first: it
+declares the queue).
+
+    python -m examples.invoices.send --order-id 418 --revision 2 --customer c-1 --amount 1250 --times 3
+
+Each copy gets its own broker message id, as a producer retrying after a timeout would send it:
+only the operation key (derived from order id and revision) says they are one operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+from typing import Annotated
+
+import typer
+
+from adapters.rabbitmq import RabbitMQPublisher
+from consumer_kit import OutgoingMessage, Settings
+from examples.invoices.app import CreateInvoice
+
+QUEUE = "invoices.commands"
+
+
+def main(
+    order_id: Annotated[int, typer.Option()],
+    customer: Annotated[str, typer.Option()],
+    amount: Annotated[int, typer.Option(help="Amount in cents")],
+    revision: Annotated[int, typer.Option()] = 1,
+    currency: Annotated[str, typer.Option()] = "EUR",
+    times: Annotated[int, typer.Option(min=1, help="Send the same command this many times")] = 1,
+) -> None:
+    """Publish the command ``times`` times with publisher confirms."""
+    settings = Settings()
+
+    async def send() -> None:
+        publisher = RabbitMQPublisher(settings.broker_url)
+        try:
+            for _ in range(times):
+                command = CreateInvoice(
+                    order_id=order_id, revision=revision, customer_id=customer, amount_cents=amount,
+                    currency=currency, requested_at=dt.datetime.now(dt.timezone.utc),
+                )
+                await publisher.publish(
+                    OutgoingMessage(
+                        destination="", routing_key=QUEUE, message_id=str(uuid.uuid4()),
+                        body=command.model_dump_json().encode(), message_type="CreateInvoice",
+                    )
+                )
+        finally:
+            await publisher.close()
+        typer.echo(f"sent {times} x order {order_id} revision {revision} to {QUEUE}")
+
+    asyncio.run(send())
+
+
+if __name__ == "__main__":
+    typer.run(main)
