@@ -132,7 +132,7 @@ class _Topology:
 
     @classmethod
     def for_queue(cls, queue: str, retry_delays: Sequence[float]) -> _Topology:
-        tiers = sorted({_ms(d) for d in retry_delays})
+        tiers = sorted({_ms(d) for d in retry_delays if _ms(d) > 0})
         return cls(
             queue=queue,
             dlq=f"{queue}.dlq",
@@ -316,8 +316,8 @@ class RabbitMQConsumer(Consumer):
         url: AMQP URL, e.g. ``amqp://guest:guest@127.0.0.1:5672/``.
         max_deliveries: the runtime's delivery limit; the broker's ``x-delivery-limit`` is set
             comfortably above it (:func:`broker_delivery_limit`), never below.
-        retry_delays: retry delay tiers in seconds (> 0); one retry queue each. Empty: every
-            retry is immediate.
+        retry_delays: retry delay tiers in seconds (>= 0); one retry queue per distinct
+            non-zero millisecond value. A zero delay (or no tiers) retries immediately.
         queue_type: ``"quorum"`` (default; exact ``x-delivery-count``) or ``"classic"``.
         reconnect_timeout: seconds. Bounds the first connection made by :meth:`subscribe`
             (``ConnectionError`` after it) and each reconnect attempt. After a connection or
@@ -351,8 +351,8 @@ class RabbitMQConsumer(Consumer):
     ) -> None:
         if max_deliveries < 1:
             raise ValueError("max_deliveries must be >= 1")
-        if any(d <= 0 or _ms(d) < 1 for d in retry_delays):
-            raise ValueError("retry_delays must be > 0 seconds (at least 1 ms)")
+        if any(d < 0 for d in retry_delays):
+            raise ValueError("retry_delays must be >= 0 seconds")
         if queue_type not in QUEUE_TYPES:
             raise ValueError(f"queue_type must be one of {QUEUE_TYPES}, not {queue_type!r}")
         if reconnect_timeout <= 0 or settle_timeout <= 0:
@@ -407,7 +407,7 @@ class RabbitMQConsumer(Consumer):
         if self._closed or not self._consuming:
             raise RuntimeError("consumer is stopped")
         subscription = _Subscription(
-            topology=_Topology.for_queue(queue, self._retry_delays),
+            topology=self._topology_for(queue),
             callback=callback,
             prefetch=prefetch,
         )
@@ -418,7 +418,7 @@ class RabbitMQConsumer(Consumer):
             await self._start(subscription, connection)
             self._subscriptions[queue] = subscription
         if self._supervisor is None:
-            self._supervisor = None and asyncio.create_task(
+            self._supervisor = asyncio.create_task(
                 self._supervise(), name="consumer-kit rabbitmq supervisor"
             )
         logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
@@ -452,6 +452,9 @@ class RabbitMQConsumer(Consumer):
         if self._handlers:
             await asyncio.wait(list(self._handlers), timeout=self._settle_timeout)
         await self._drop_connection()
+
+    def _topology_for(self, queue: str) -> _Topology:
+        return _Topology.for_queue(queue, self._retry_delays)
 
     # -- connection and consumers ------------------------------------------------------------
 
@@ -860,3 +863,23 @@ class RabbitMQPublisher(Publisher):
             await asyncio.wait_for(connection.close(), self._confirm_timeout)
         except Exception as exc:  # noqa: BLE001 - it is going away either way
             logger.debug("closing the publisher connection failed (%s)", type(exc).__name__)
+
+
+def consumer_from_settings(settings: Any) -> RabbitMQConsumer:
+    """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``consumer_kit.settings.Settings``
+    (``broker_url``, ``max_deliveries``, ``retry_delays`` plus ``in_progress_delay`` as delay
+    tiers, ``handler_timeout``, ``settle_timeout``)."""
+    delays = [*settings.retry_delays, getattr(settings, "in_progress_delay", 0.0)]
+    return RabbitMQConsumer(
+        settings.broker_url,
+        max_deliveries=settings.max_deliveries,
+        retry_delays=delays,
+        handler_timeout=settings.handler_timeout,
+        settle_timeout=settings.settle_timeout,
+    )
+
+
+def publisher_from_settings(settings: Any) -> RabbitMQPublisher:
+    """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
+    waiting at most ``settings.settle_timeout`` seconds for a confirm."""
+    return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)

@@ -19,7 +19,9 @@ from adapters.rabbitmq import (
     RabbitMQDelivery,
     RabbitMQPublisher,
     broker_delivery_limit,
+    consumer_from_settings,
     delivery_count_of,
+    publisher_from_settings,
 )
 from consumer_kit.broker import Delivery, OutgoingMessage, PublishError, Settlement
 
@@ -126,6 +128,20 @@ def test_delivery_count_formula() -> None:
     assert delivery_count_of({DELIVERIES_HEADER: 2, "x-delivery-count": 1}, redelivered=True) == 4
     assert delivery_count_of({DELIVERIES_HEADER: b"junk"}, redelivered=False) == 1
     assert broker_delivery_limit(3) > 3 and broker_delivery_limit(20) >= 40
+
+
+def test_factories_from_settings() -> None:
+    from consumer_kit.settings import Settings
+
+    settings = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672/", retry_delays=[0, 1.0, 5.0])
+    consumer = consumer_from_settings(settings)
+    assert isinstance(consumer, RabbitMQConsumer)
+    # 0 is an immediate retry (no queue); 1 s, 5 s and the in-progress delay are tiers.
+    topology = consumer._topology_for("q")
+    assert topology.retry_queue_for(0) == "q"
+    assert topology.retry_queue_for(1.0) == "q.retry.1000ms"
+    assert topology.retry_queue_for(60) == "q.retry.5000ms"
+    assert isinstance(publisher_from_settings(settings), RabbitMQPublisher)
 
 
 def test_handler_timeout_warning(caplog: pytest.LogCaptureFixture, rabbitmq_url: str) -> None:
