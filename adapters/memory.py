@@ -230,7 +230,7 @@ class MemoryConsumer(Consumer):
                 q.available.clear()
                 await q.available.wait()
             delivery = MemoryDelivery(self.broker, queue, q.ready.popleft())
-            task = asyncio.create_task(callback(delivery))
+            task: asyncio.Task[None] = asyncio.ensure_future(callback(delivery))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             task.add_done_callback(lambda _t: slots.release())

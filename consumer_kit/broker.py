@@ -18,7 +18,7 @@ from typing import Any
 logger = logging.getLogger("consumer_kit.broker")
 
 
-class Settlement(str, enum.Enum):
+class Settlement(enum.StrEnum):
     """How a delivery was finished."""
 
     ACK = "ack"

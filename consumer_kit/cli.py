@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import psycopg
 import typer
@@ -35,7 +35,7 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _settings(**overrides: object) -> Settings:
+def _settings(**overrides: Any) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except Exception as exc:  # pydantic ValidationError: show it plainly

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from consumer_kit.errors import SimulatedCrash
 
 
-class CrashPoint(str, enum.Enum):
+class CrashPoint(enum.StrEnum):
     BEFORE_CLAIM = "before_claim"
     AFTER_CLAIM = "after_claim"  # claim done (leased path: committed), effect not yet applied
     IN_HANDLER = "in_handler"  # the handler has run, its writes are not committed

@@ -9,7 +9,6 @@ Exit code 0 when every check holds, 1 otherwise.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import sys
@@ -40,7 +39,7 @@ LOCK_TIMEOUT = 0.5  # seconds: short, so the crashed delivery comes back quickly
 def _command(order_id: int, customer: str, amount: int, **changes: Any) -> bytes:
     body: dict[str, Any] = {
         "order_id": order_id, "revision": 1, "customer_id": customer, "amount_cents": amount,
-        "currency": "EUR", "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "currency": "EUR", "requested_at": dt.datetime.now(dt.UTC).isoformat(),
     }
     body.update(changes)
     return json.dumps(body).encode()
@@ -134,10 +133,12 @@ async def run_demo(settings: Settings, console: Console | None = None) -> int:
 
 async def _relay(settings: Settings, url: str, broker: Any) -> int:
     """Publish the outbox through the relay onto the memory broker; returns rows published."""
-    from adapters.memory import MemoryPublisher
     from outbox_relay.relay import relay_pending
 
-    return await relay_pending(settings.model_copy(update={"database_url": url}), MemoryPublisher(broker))
+    from adapters.memory import MemoryPublisher
+
+    published: int = await relay_pending(settings.model_copy(update={"database_url": url}), MemoryPublisher(broker))
+    return published
 
 
 async def _balances(url: str) -> dict[str, int]:

@@ -34,12 +34,13 @@ def embedded_database_url(data_dir: Path) -> str:
             raise ConfigurationError("pgserver is not installed; set CONSUMER_KIT_DATABASE_URL") from exc
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            _servers[data_dir] = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+            server = pgserver.get_server(str(data_dir), cleanup_mode="stop")  # type: ignore[attr-defined]
         except Exception as exc:
             raise ConfigurationError(
                 f"embedded PostgreSQL did not start in {data_dir} ({type(exc).__name__}: {exc}); "
                 "set CONSUMER_KIT_DATABASE_URL to use your own server"
             ) from exc
+        _servers[data_dir] = server
         logger.warning("using embedded PostgreSQL in %s (set CONSUMER_KIT_DATABASE_URL for your own)", data_dir)
     return str(_servers[data_dir].get_uri())
 

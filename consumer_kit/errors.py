@@ -39,7 +39,7 @@ class PermanentFailure(ConsumerKitError):
 class InvalidMessage(ConsumerKitError):
     """A delivery cannot be processed as sent; it is dead-lettered with ``reason``."""
 
-    def __init__(self, reason: "DeadLetterReason", detail: str) -> None:
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
@@ -53,7 +53,7 @@ class SimulatedCrash(BaseException):
     """
 
 
-class DeadLetterReason(str, enum.Enum):
+class DeadLetterReason(enum.StrEnum):
     """Machine-readable dead-letter reasons (header ``x-dead-letter-reason``)."""
 
     INVALID_JSON = "invalid_json"

@@ -128,7 +128,7 @@ def _emit(value: Any, out: list[str]) -> None:
         _emit_sequence(sorted(value, key=canonical_json), out)
     elif isinstance(value, dt.datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc)
+            value = value.astimezone(dt.UTC)
         out.append(json.dumps(value.isoformat()))
     elif isinstance(value, (dt.date, dt.time)):
         out.append(json.dumps(value.isoformat()))
@@ -165,7 +165,7 @@ def _number_from_decimal(value: decimal.Decimal) -> str:
     if value.is_zero():
         return "0"
     normalized = value.normalize()
-    sign, digits, exponent = normalized.as_tuple()
+    exponent = normalized.as_tuple().exponent
     assert isinstance(exponent, int)
     if exponent >= 0:
         return str(int(normalized))

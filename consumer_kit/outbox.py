@@ -61,6 +61,45 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
             FOR EACH STATEMENT EXECUTE FUNCTION {schema}.outbox_notify();
         """,
     ),
+    (
+        102,
+        # Commit order per partition key (used by outbox_relay; see outbox_relay/ordering.md).
+        # A BEFORE INSERT trigger takes a transaction-scoped advisory lock on (schema, partition
+        # key) and only then draws commit_seq from a sequence: two transactions writing the same
+        # key are serialised from that insert to their COMMIT, so commit_seq order is their
+        # commit order (the identity id is drawn before the trigger and is not). Rows without
+        # a partition key take no lock and get no commit_seq.
+        """
+        ALTER TABLE {schema}.outbox ADD COLUMN IF NOT EXISTS commit_seq bigint;
+        CREATE SEQUENCE IF NOT EXISTS {schema}.outbox_commit_seq;
+        CREATE INDEX IF NOT EXISTS outbox_pending_commit_seq_idx
+            ON {schema}.outbox (partition_key, commit_seq)
+            WHERE published_at IS NULL AND partition_key IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS outbox_unpublished_id_idx
+            ON {schema}.outbox (id) WHERE published_at IS NULL;
+        CREATE OR REPLACE FUNCTION {schema}.outbox_commit_order() RETURNS trigger
+            LANGUAGE plpgsql AS $fn$
+            BEGIN
+                IF NEW.partition_key IS NOT NULL THEN
+                    PERFORM pg_advisory_xact_lock(
+                        hashtext(TG_TABLE_SCHEMA || '.outbox'), hashtext(NEW.partition_key));
+                    NEW.commit_seq := nextval(
+                        format('%I.outbox_commit_seq', TG_TABLE_SCHEMA)::regclass);
+                END IF;
+                RETURN NEW;
+            END
+            $fn$;
+        DROP TRIGGER IF EXISTS outbox_commit_order ON {schema}.outbox;
+        CREATE TRIGGER outbox_commit_order BEFORE INSERT ON {schema}.outbox
+            FOR EACH ROW EXECUTE FUNCTION {schema}.outbox_commit_order();
+        UPDATE {schema}.outbox AS o SET commit_seq = s.seq
+            FROM (SELECT id, nextval('{schema}.outbox_commit_seq'::regclass) AS seq
+                  FROM (SELECT id FROM {schema}.outbox
+                        WHERE partition_key IS NOT NULL AND commit_seq IS NULL
+                        ORDER BY id) AS pending) AS s
+            WHERE o.id = s.id;
+        """,
+    ),
 ]
 
 

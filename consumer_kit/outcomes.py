@@ -9,7 +9,7 @@ from typing import Any
 from consumer_kit.broker import Settlement
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     EXECUTED = "executed"  # first execution: handler ran, committed
     DUPLICATE = "duplicate"  # completed before: stored result replayed, handler not run
     PAYLOAD_CONFLICT = "payload_conflict"  # same key, different fingerprint: dead-lettered

@@ -33,7 +33,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ValidationError
 
-from consumer_kit import crashpoints, ledger as ledger_states
+from consumer_kit import crashpoints
+from consumer_kit import ledger as ledger_states
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
@@ -133,10 +134,9 @@ class Runtime:
             except asyncio.CancelledError:
                 await self._settle(delivery, _Settle(Outcome.RETRIED, Settlement.RELEASED))
                 raise
-            except Exception as exc:  # step 8: anything else is retryable
+            except Exception as exc:  # noqa: BLE001 - step 8: anything else is retryable
                 decision = self._retry_or_dead_letter(delivery, exc)
-            if decision.how is not Settlement.ACK or decision.outcome is not Outcome.EXECUTED:
-                span.set_attribute("consumer_kit.outcome", decision.outcome.value)
+            span.set_attribute("consumer_kit.outcome", decision.outcome.value)
             crashpoints.reached(CrashPoint.BEFORE_ACK)
             await self._settle(delivery, decision)
         report = self._report(

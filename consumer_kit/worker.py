@@ -114,7 +114,7 @@ class Worker:
     async def _drain(self) -> None:
         if not self._inflight:
             return
-        done, pending = await asyncio.wait(set(self._inflight), timeout=self.settings.shutdown_timeout)
+        _, pending = await asyncio.wait(set(self._inflight), timeout=self.settings.shutdown_timeout)
         for task in pending:
             task.cancel()  # the runtime releases the delivery and rolls back its transaction
         if pending:

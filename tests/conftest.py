@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 import pytest

@@ -16,7 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import pytest
@@ -27,9 +27,8 @@ from consumer_kit import (
     Context,
     DeliveryReport,
     Handler,
-    OutgoingMessage,
     Outcome,
-    PermanentFailure,
+    OutgoingMessage,
     RetryableError,
     Settings,
 )
@@ -43,7 +42,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 def command(order_id: int = 418, amount: int = 1250, **changes: Any) -> bytes:
     body: dict[str, Any] = {
         "order_id": order_id, "revision": 2, "customer_id": "c-1", "amount_cents": amount,
-        "currency": "EUR", "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "currency": "EUR", "requested_at": dt.datetime.now(dt.UTC).isoformat(),
     }
     body.update(changes)
     return json.dumps(body).encode()
@@ -221,7 +220,7 @@ class FlakyHandler(Handler[CreateInvoice]):
 
     operation_type = "invoice.flaky"
     failures = 2
-    calls: dict[str, int] = {}
+    calls: ClassVar[dict[str, int]] = {}
 
     def operation_key(self, message: CreateInvoice, envelope: Any) -> str:
         return f"order-{message.order_id}"

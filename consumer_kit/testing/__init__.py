@@ -1,1 +1,20 @@
-"""Testing kit for users' handlers (pytest plugin ``consumer_kit.testing.plugin``)."""
+"""Testing kit for users' handlers.
+
+Installing consumer-kit registers the pytest plugin :mod:`consumer_kit.testing.plugin` (fixtures
+``consumer_kit_harness``, ``ck_database_url``, ``ck_memory_broker``). The :class:`Harness` runs
+your handlers on a throwaway PostgreSQL schema and the memory broker and gives you:
+
+- ``await kit.deliver(message, times=N, concurrently=True)``: a duplicate storm;
+- ``kit.crash_at("in_handler")``: arm a crash point (the delivery is left unsettled, the broker
+  lock expires, the message comes back);
+- ``await kit.replay_all()``: redeliver everything sent so far;
+- ``kit.assert_outcomes({"executed": 1, "duplicate": 4})`` and
+  ``await kit.assert_one_effect("SELECT count(*) FROM invoices")``.
+
+See ``examples/testing_kit/`` for a test to copy.
+"""
+
+from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.testing.harness import TERMINAL_OUTCOMES, Harness, Sent
+
+__all__ = ["TERMINAL_OUTCOMES", "CrashPoint", "Harness", "Sent"]

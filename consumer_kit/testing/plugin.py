@@ -1,1 +1,62 @@
-"""pytest plugin registered by the ``consumer-kit`` distribution (entry point ``pytest11``)."""
+"""pytest plugin registered by the ``consumer-kit`` distribution (entry point ``pytest11``).
+
+It loads in every pytest run of every project that installs consumer-kit, so importing it costs
+nothing: the fixtures import the harness, psycopg and pgserver only when a test asks for them.
+Every fixture name starts with ``ck_`` or ``consumer_kit_`` so it cannot shadow a project's own.
+
+Fixtures:
+    ck_database_url (session): ``CONSUMER_KIT_TEST_DATABASE_URL``, else
+        ``CONSUMER_KIT_DATABASE_URL``, else an embedded PostgreSQL (pgserver) in a temporary
+        directory, started once per session.
+    ck_memory_broker: a fresh in-process broker (``adapters.memory.MemoryBroker``), lock 1 s.
+    consumer_kit_harness: a factory ``consumer_kit_harness(*handlers, setup_sql=..., **settings)``
+        returning a :class:`consumer_kit.testing.Harness` (use it with ``async with``) on a
+        throwaway schema of ``ck_database_url``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from consumer_kit.testing.harness import Harness
+
+
+@pytest.fixture(scope="session")
+def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The PostgreSQL URL the testing kit creates its throwaway schemas in."""
+    for name in ("CONSUMER_KIT_TEST_DATABASE_URL", "CONSUMER_KIT_DATABASE_URL"):
+        url = os.environ.get(name)
+        if url:
+            yield url
+            return
+    from consumer_kit.embedded import embedded_database_url
+
+    yield embedded_database_url(tmp_path_factory.mktemp("consumer-kit-pgdata"))
+
+
+@pytest.fixture
+def ck_memory_broker() -> Any:
+    """A fresh in-process broker with peek-lock semantics (lock timeout 1 s)."""
+    from consumer_kit.brokers import adapter_for
+
+    return adapter_for("memory://").MemoryBroker("ck-test", lock_timeout=1.0)
+
+
+@pytest.fixture
+def consumer_kit_harness(ck_database_url: str) -> Callable[..., Harness]:
+    """Factory of :class:`~consumer_kit.testing.Harness` objects on ``ck_database_url``::
+
+        async with consumer_kit_harness(MyHandler(), setup_sql=MY_TABLES) as kit:
+            await kit.deliver(message, times=3)
+    """
+    from consumer_kit.testing.harness import Harness
+
+    def make(*handlers: Any, **options: Any) -> Harness:
+        return Harness(*handlers, database_url=ck_database_url, **options)
+
+    return make

@@ -8,6 +8,7 @@ ledger is what keeps it to one) and writes ``InvoiceCreated`` to the outbox for 
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any, ClassVar
 
 from psycopg import AsyncConnection
 from pydantic import BaseModel, Field
@@ -50,7 +51,7 @@ class InvoiceCreated(BaseModel):
 
 class CreateInvoiceHandler(Handler[CreateInvoice]):
     operation_type = "invoice.create"
-    fingerprint_exclude = {"requested_at"}  # a resend's new timestamp is not a new intent
+    fingerprint_exclude: ClassVar[set[str]] = {"requested_at"}  # a resend's new timestamp is not a new intent
 
     def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
         return f"order-{message.order_id}-rev-{message.revision}"
@@ -88,7 +89,7 @@ class CreateInvoiceHandler(Handler[CreateInvoice]):
         return Result(status="created", reference=str(invoice_id))
 
 
-async def create_tables(conn: AsyncConnection) -> None:  # type: ignore[type-arg]
+async def create_tables(conn: AsyncConnection[Any]) -> None:
     """Create the example's own tables (idempotent)."""
     await conn.execute(SCHEMA_SQL)
 

@@ -40,7 +40,7 @@ def main(
             for _ in range(times):
                 command = CreateInvoice(
                     order_id=order_id, revision=revision, customer_id=customer, amount_cents=amount,
-                    currency=currency, requested_at=dt.datetime.now(dt.timezone.utc),
+                    currency=currency, requested_at=dt.datetime.now(dt.UTC),
                 )
                 await publisher.publish(
                     OutgoingMessage(
