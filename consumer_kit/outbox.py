@@ -63,7 +63,7 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         102,
-        # Commit order per partition key (used by outbox_relay; see outbox_relay/ordering.md).
+        # Commit order per partition key (used by outbox_relay; see its package docstring).
         # A BEFORE INSERT trigger takes a transaction-scoped advisory lock on (schema, partition
         # key) and only then draws commit_seq from a sequence: two transactions writing the same
         # key are serialised from that insert to their COMMIT, so commit_seq order is their

@@ -1,0 +1,229 @@
+"""The ``outbox-relay`` command.
+
+``outbox-relay``            relay until SIGTERM/SIGINT (finishes the in-flight batch, exits 0)
+``outbox-relay --once``     publish what is claimable now and exit (cron, tests)
+``outbox-relay status``     pending, retrying, claimed, parked, oldest pending age, published/min
+``outbox-relay requeue``    make parked rows claimable again (all, or ``--event-id`` ones)
+``outbox-relay cleanup``    delete published rows older than the retention now
+
+Settings come from ``CONSUMER_KIT_*`` environment variables (see
+:class:`outbox_relay.settings.RelaySettings`); options override them. Exit codes: 0 done,
+2 configuration error (unknown destination, schema not migrated, bad value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import psycopg
+import typer
+
+from consumer_kit.embedded import database_url
+from consumer_kit.errors import ConfigurationError
+from outbox_relay.relay import Relay
+from outbox_relay.settings import RelaySettings
+from outbox_relay.store import OutboxStore
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Publish consumer-kit outbox rows to the broker (at least once, ordered per key).",
+)
+
+LogLevel = Annotated[
+    str, typer.Option("--log-level", envvar="CONSUMER_KIT_LOG_LEVEL", help="DEBUG, INFO, WARNING")
+]
+Schema = Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA)")]
+MaxAttempts = Annotated[
+    int | None, typer.Option(min=1, help="Failed attempts before a row counts as parked")
+]
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _settings(**overrides: Any) -> RelaySettings:
+    try:
+        return RelaySettings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:  # pydantic ValidationError: show it plainly
+        typer.echo(f"configuration error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+@app.callback(invoke_without_command=True)
+def run(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="Publish what is pending, then exit")] = False,
+    schema: Schema = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Rows per claim")] = None,
+    max_in_flight: Annotated[int | None, typer.Option(min=1, help="Unconfirmed publishes")] = None,
+    poll_interval: Annotated[float | None, typer.Option(help="Fallback poll (seconds)")] = None,
+    claim_timeout: Annotated[float | None, typer.Option(help="Claim lease (seconds)")] = None,
+    max_attempts: MaxAttempts = None,
+    ordered: Annotated[
+        bool | None, typer.Option("--ordered/--unordered", help="Per-key commit order")
+    ] = None,
+    destinations: Annotated[
+        Path | None, typer.Option(help="Destination map file (TOML or JSON with a destinations table)")
+    ] = None,
+    health_file: Annotated[Path | None, typer.Option(help="Touched on every loop")] = None,
+    health_port: Annotated[int | None, typer.Option(help="HTTP health on 127.0.0.1")] = None,
+    relay_id: Annotated[str | None, typer.Option(help="Name written to claimed_by")] = None,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Relay outbox rows to the broker until SIGTERM (or once, with --once)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _setup_logging(log_level)
+    settings = _settings(
+        db_schema=schema,
+        relay_batch_size=batch_size,
+        relay_max_in_flight=max_in_flight,
+        relay_poll_interval=poll_interval,
+        relay_claim_timeout=claim_timeout,
+        relay_max_attempts=max_attempts,
+        relay_ordered=ordered,
+        relay_destinations_file=destinations,
+        relay_health_file=health_file,
+        relay_health_port=health_port,
+        relay_id=relay_id,
+    )
+    try:
+        asyncio.run(_run(settings, once=once))
+    except ConfigurationError as exc:
+        typer.echo(f"configuration error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+async def _run(settings: RelaySettings, *, once: bool) -> None:
+    relay = Relay(settings)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, relay.request_stop)
+    await relay.run(once=once)
+    if once:
+        typer.echo(f"published {relay.counters['published']} rows")
+
+
+@app.command()
+def status(
+    schema: Schema = None,
+    max_attempts: MaxAttempts = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    log_level: LogLevel = "WARNING",
+) -> None:
+    """Print pending, retrying, claimed, parked, oldest pending age and published per minute."""
+    _setup_logging(log_level)
+    settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
+
+    async def read() -> tuple[Any, Any]:
+        store = _store(settings)
+        async with await _connect(settings) as conn:
+            return await store.status(conn), await store.parked(conn)
+
+    counts, parked = asyncio.run(read())
+    if as_json:
+        typer.echo(json.dumps({
+            **counts.__dict__,
+            "parked_rows": [
+                {"event_id": str(p.event_id), "destination": p.destination,
+                 "partition_key": p.partition_key, "attempts": p.attempts,
+                 "last_error": p.last_error}
+                for p in parked
+            ],
+        }))
+        return
+    age = "-" if counts.oldest_pending_age is None else f"{counts.oldest_pending_age:.1f} s"
+    typer.echo(f"schema                  {settings.db_schema}")
+    typer.echo(f"pending                 {counts.pending}")
+    typer.echo(f"  retrying (backoff)    {counts.retrying}")
+    typer.echo(f"  claimed now           {counts.claimed}")
+    typer.echo(f"parked                  {counts.parked}")
+    typer.echo(f"oldest pending age      {age}")
+    typer.echo(f"published last minute   {counts.published_last_minute}")
+    typer.echo(f"published (retained)    {counts.published_total}")
+    for p in parked:
+        typer.echo(
+            f"  parked event_id={p.event_id} destination={p.destination} "
+            f"key={p.partition_key} attempts={p.attempts} last_error={p.last_error}"
+        )
+
+
+@app.command()
+def requeue(
+    event_id: Annotated[
+        list[uuid.UUID] | None, typer.Option("--event-id", help="Only these (repeatable)")
+    ] = None,
+    schema: Schema = None,
+    max_attempts: MaxAttempts = None,
+    log_level: LogLevel = "WARNING",
+) -> None:
+    """Make parked rows claimable again (attempts reset to 0; last_error kept)."""
+    _setup_logging(log_level)
+    settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
+
+    async def go() -> int:
+        async with await _connect(settings) as conn:
+            return await _store(settings).requeue_parked(conn, event_id or None)
+
+    typer.echo(f"requeued {asyncio.run(go())} parked rows")
+
+
+@app.command()
+def cleanup(
+    schema: Schema = None,
+    retention: Annotated[float | None, typer.Option(help="Keep published rows (seconds)")] = None,
+    log_level: LogLevel = "WARNING",
+) -> None:
+    """Delete published rows older than the retention, in bounded batches."""
+    _setup_logging(log_level)
+    settings = _settings(db_schema=schema, relay_retention=retention)
+
+    async def go() -> int:
+        store, total = _store(settings), 0
+        async with await _connect(settings) as conn:
+            while True:
+                n = await store.delete_published(
+                    conn, older_than=settings.relay_retention, limit=settings.relay_cleanup_batch
+                )
+                total += n
+                if n < settings.relay_cleanup_batch:
+                    return total
+
+    typer.echo(f"deleted {asyncio.run(go())} published rows")
+
+
+def _store(settings: RelaySettings) -> OutboxStore:
+    return OutboxStore(
+        settings.db_schema,
+        relay_id=settings.relay_id,
+        max_attempts=settings.relay_max_attempts,
+        claim_timeout=settings.relay_claim_timeout,
+        backoff_base=settings.relay_backoff_base,
+        backoff_max=settings.relay_backoff_max,
+    )
+
+
+async def _connect(settings: RelaySettings) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True)
+
+
+def main() -> None:
+    """Console script ``outbox-relay``."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""LISTEN on the outbox channel over a dedicated connection and wake the relay loop.
+
+The outbox trigger sends one ``NOTIFY <schema>_outbox`` per committing transaction. A notification
+only says "look now": the relay still polls every ``poll_interval`` seconds, so a notification
+lost while this connection was down (or sent before the relay started) strands nothing. After a
+reconnect the listener wakes the loop once, because notifications sent meanwhile are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, sql
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
+logger = logging.getLogger("outbox_relay.listener")
+
+
+class NotifyListener:
+    """A background task that LISTENs and calls ``wake()`` per notification.
+
+    Args:
+        database_url: PostgreSQL URL (a dedicated connection is opened; not from a pool).
+        channel: the channel name (``consumer_kit.outbox.notify_channel(schema)``).
+        wake: called (on the loop) for every notification and after every (re)connect.
+        max_backoff: longest wait between reconnect attempts (seconds).
+
+    Attributes:
+        notifications: notifications received.
+        reconnects: successful connects after the first.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        channel: str,
+        wake: Callable[[], None],
+        *,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self._url = database_url
+        self._channel = channel
+        self._wake = wake
+        self._max_backoff = max_backoff
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self.notifications = 0
+        self.reconnects = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen_forever(), name="outbox-relay-listen")
+
+    async def wait_connected(self, timeout: float) -> bool:
+        """``True`` once LISTEN is in place (within ``timeout`` seconds)."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _listen_forever(self) -> None:
+        first = True
+        while True:
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(psycopg.OperationalError),
+                wait=wait_exponential(multiplier=0.2, max=self._max_backoff),
+                before_sleep=self._log_retry,
+            )
+            async for attempt in retrying:
+                with attempt:
+                    conn = await self._connect()
+            if not first:
+                self.reconnects += 1
+            first = False
+            try:
+                self._wake()  # anything committed while we were not listening
+                await self._drain(conn)
+            except psycopg.OperationalError as exc:
+                logger.warning("LISTEN connection lost (%s); reconnecting", type(exc).__name__)
+            finally:
+                self._connected.clear()
+                await _close_quietly(conn)
+
+    async def _connect(self) -> AsyncConnection[Any]:
+        conn = await AsyncConnection.connect(self._url, autocommit=True, connect_timeout=10)
+        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        self._connected.set()
+        logger.debug("listening on channel %s", self._channel)
+        return conn
+
+    async def _drain(self, conn: AsyncConnection[Any]) -> None:
+        async for _ in conn.notifies():
+            self.notifications += 1
+            self._wake()
+
+    @staticmethod
+    def _log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        logger.warning(
+            "LISTEN connect failed (%s); retry %s in %.1f s",
+            type(exc).__name__, state.attempt_number,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
+
+
+async def _close_quietly(conn: AsyncConnection[Any]) -> None:
+    try:
+        await conn.close()
+    except Exception:  # noqa: BLE001 - the connection is going away either way
+        pass

@@ -1,0 +1,363 @@
+"""The relay's SQL: claim, mark, back off, park, requeue, clean up and report on the outbox.
+
+Every statement is built once with :mod:`psycopg.sql` (identifiers are never formatted by hand)
+and runs as one autocommit statement, so a claim or a mark is atomic on its own.
+
+The claim protocol (many relays on one outbox):
+
+* a row is *claimable* when it is unpublished, not parked (``attempts < max_attempts``), due
+  (``available_at <= now()``) and not under a live lease (``claimed_until`` unset or past);
+* ``FOR UPDATE SKIP LOCKED`` lets concurrent claimers pass each other's rows without waiting, and
+  the lease (``claimed_by``, ``claimed_until = now() + claim_timeout``) keeps the row away from
+  other relays after the claiming statement commits; a dead relay's rows come back when the lease
+  runs out;
+* with ordering on, a row that has a partition key is claimable only when no *earlier* unpublished
+  row of the same key exists (earlier = smaller ``commit_seq``, see migration 102 in
+  :mod:`consumer_kit.outbox`): at most one row per key is ever claimed, by one relay, and the next
+  row of that key becomes claimable only after this one is marked published.
+
+Times come from the database clock (``now()``), so relays on hosts with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """One outbox row claimed by this relay.
+
+    Attributes:
+        id: the row's identity (bigint).
+        event_id: the stable event ID (UUID): the broker message id on every attempt.
+        payload: the JSON payload as text (sent as the body, UTF-8).
+        headers: the row's stored headers (str -> str).
+        attempts: failed publish attempts before this one.
+        previous_owner: ``claimed_by`` before this claim (another relay whose lease ran out,
+            or this relay's own earlier claim), ``None`` for a fresh row.
+    """
+
+    id: int
+    event_id: uuid.UUID
+    destination: str
+    routing_key: str
+    message_type: str
+    partition_key: str | None
+    payload: str
+    headers: dict[str, Any]
+    attempts: int
+    operation_scope: str | None
+    operation_key: str | None
+    correlation_id: str | None
+    created_at: dt.datetime
+    previous_owner: str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A row whose publish failed: ``error`` is a short text without payload; ``park`` parks it
+    at once (an unknown destination cannot succeed on retry)."""
+
+    id: int
+    error: str
+    park: bool = False
+
+
+@dataclass(frozen=True)
+class OutboxStatus:
+    """What ``outbox-relay status`` prints.
+
+    Attributes:
+        pending: unpublished rows that will still be tried (includes ``retrying`` and ``claimed``).
+        retrying: pending rows with at least one failed attempt.
+        claimed: pending rows under a live lease (being published right now).
+        parked: rows past ``max_attempts``: never deleted, never retried until requeued.
+        oldest_pending_age: seconds since the oldest pending row was written (``None``: none).
+        published_last_minute: rows marked published in the last 60 seconds.
+        published_total: published rows still in the table (within retention).
+    """
+
+    pending: int
+    retrying: int
+    claimed: int
+    parked: int
+    oldest_pending_age: float | None
+    published_last_minute: int
+    published_total: int
+
+
+@dataclass(frozen=True)
+class ParkedRow:
+    event_id: uuid.UUID
+    destination: str
+    partition_key: str | None
+    attempts: int
+    last_error: str | None
+    created_at: dt.datetime
+
+
+class OutboxStore:
+    """The relay's statements on ``<schema>.outbox``.
+
+    Args:
+        schema: the schema holding the outbox (a plain identifier, already validated).
+        relay_id: this relay's name, written to ``claimed_by``.
+        max_attempts: failed attempts after which a row is parked.
+        claim_timeout: lease length (seconds).
+        backoff_base: first retry delay (seconds); doubles per failed attempt.
+        backoff_max: longest retry delay (seconds).
+    """
+
+    def __init__(
+        self,
+        schema: str,
+        *,
+        relay_id: str,
+        max_attempts: int,
+        claim_timeout: float,
+        backoff_base: float,
+        backoff_max: float,
+    ) -> None:
+        self.schema = schema
+        self.relay_id = relay_id
+        self.max_attempts = max_attempts
+        self.claim_timeout = claim_timeout
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        table = sql.Identifier(schema, "outbox")
+        self._claim_ordered = _CLAIM.format(table=table, key_is_head=_KEY_IS_HEAD.format(table=table))
+        self._claim_unordered = _CLAIM.format(table=table, key_is_head=sql.SQL("TRUE"))
+        self._mark_published = _MARK_PUBLISHED.format(table=table)
+        self._mark_failed = _MARK_FAILED.format(table=table)
+        self._release = _RELEASE.format(table=table)
+        self._cleanup = _CLEANUP.format(table=table)
+        self._status = _STATUS.format(table=table)
+        self._parked = _PARKED.format(table=table)
+        self._requeue = _REQUEUE.format(table=table)
+        self._pending_destinations = _PENDING_DESTINATIONS.format(table=table)
+
+    async def claim(
+        self, conn: AsyncConnection[Any], limit: int, *, ordered: bool = True
+    ) -> list[ClaimedRow]:
+        """Claim up to ``limit`` claimable rows (oldest id first) under a lease of
+        ``claim_timeout`` seconds. With ``ordered``, at most the head row of each partition key."""
+        query = self._claim_ordered if ordered else self._claim_unordered
+        cur = await conn.execute(
+            query,
+            {
+                "relay_id": self.relay_id,
+                "lease": self.claim_timeout,
+                "max_attempts": self.max_attempts,
+                "limit": limit,
+            },
+        )
+        rows = [ClaimedRow(*row) for row in await cur.fetchall()]
+        rows.sort(key=lambda r: r.id)
+        return rows
+
+    async def mark_published(self, conn: AsyncConnection[Any], ids: Sequence[int]) -> int:
+        """Mark confirmed rows published in one statement; returns rows changed. A row another
+        relay already marked (after taking over an expired lease) is left as it is."""
+        if not ids:
+            return 0
+        cur = await conn.execute(self._mark_published, {"ids": list(ids), "relay_id": self.relay_id})
+        return cur.rowcount
+
+    async def mark_failed(self, conn: AsyncConnection[Any], failures: Sequence[Failure]) -> list[int]:
+        """Record failed publishes in one statement: ``attempts + 1``, ``last_error``,
+        ``available_at = now() + min(backoff_max, backoff_base * 2**attempts)`` seconds, lease
+        released. Only rows this relay still holds are changed. Returns the ids now parked."""
+        if not failures:
+            return []
+        cur = await conn.execute(
+            self._mark_failed,
+            {
+                "ids": [f.id for f in failures],
+                "errors": [f.error[:1000] for f in failures],
+                "park": [f.park for f in failures],
+                "relay_id": self.relay_id,
+                "base": self.backoff_base,
+                "max_delay": self.backoff_max,
+                "max_attempts": self.max_attempts,
+            },
+        )
+        return [row[0] for row in await cur.fetchall() if row[1]]
+
+    async def release(self, conn: AsyncConnection[Any], ids: Sequence[int]) -> int:
+        """Give claimed rows back untried (no attempt counted); returns rows released."""
+        if not ids:
+            return 0
+        cur = await conn.execute(self._release, {"ids": list(ids), "relay_id": self.relay_id})
+        return cur.rowcount
+
+    async def delete_published(
+        self, conn: AsyncConnection[Any], *, older_than: float, limit: int
+    ) -> int:
+        """Delete at most ``limit`` rows published more than ``older_than`` seconds ago; returns
+        rows deleted. Unpublished and parked rows are never deleted."""
+        cur = await conn.execute(self._cleanup, {"older_than": older_than, "limit": limit})
+        return cur.rowcount
+
+    async def status(self, conn: AsyncConnection[Any]) -> OutboxStatus:
+        """Counts for ``outbox-relay status`` (one scan of the outbox)."""
+        cur = await conn.execute(self._status, {"max_attempts": self.max_attempts})
+        row = await cur.fetchone()
+        assert row is not None
+        return OutboxStatus(
+            pending=row[0],
+            retrying=row[1],
+            claimed=row[2],
+            parked=row[3],
+            oldest_pending_age=float(row[4]) if row[4] is not None else None,
+            published_last_minute=row[5],
+            published_total=row[6],
+        )
+
+    async def parked(self, conn: AsyncConnection[Any], limit: int = 20) -> list[ParkedRow]:
+        """The oldest ``limit`` parked rows."""
+        cur = await conn.execute(self._parked, {"max_attempts": self.max_attempts, "limit": limit})
+        return [ParkedRow(*row) for row in await cur.fetchall()]
+
+    async def requeue_parked(
+        self, conn: AsyncConnection[Any], event_ids: Sequence[uuid.UUID] | None = None
+    ) -> int:
+        """Make parked rows (all, or those in ``event_ids``) claimable again: ``attempts = 0``,
+        due now; ``last_error`` is kept. Returns rows requeued."""
+        cur = await conn.execute(
+            self._requeue,
+            {
+                "max_attempts": self.max_attempts,
+                "all": event_ids is None,
+                "event_ids": list(event_ids or []),
+            },
+        )
+        return cur.rowcount
+
+    async def pending_destinations(self, conn: AsyncConnection[Any]) -> set[str]:
+        """Distinct destinations of unpublished rows (checked against the map at start-up)."""
+        cur = await conn.execute(self._pending_destinations)
+        return {row[0] for row in await cur.fetchall()}
+
+
+# -- statements --------------------------------------------------------------------------------
+
+_KEY_IS_HEAD = sql.SQL(
+    """(o.partition_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {table} AS e
+            WHERE e.partition_key = o.partition_key
+              AND e.published_at IS NULL
+              AND e.commit_seq < o.commit_seq))"""
+)
+
+_CLAIM = sql.SQL(
+    """
+    WITH picked AS (
+        SELECT o.id, o.claimed_by AS previous_owner
+        FROM {table} AS o
+        WHERE o.published_at IS NULL
+          AND o.attempts < %(max_attempts)s
+          AND o.available_at <= now()
+          AND (o.claimed_until IS NULL OR o.claimed_until < now())
+          AND {key_is_head}
+        ORDER BY o.id
+        LIMIT %(limit)s
+        FOR UPDATE OF o SKIP LOCKED
+    )
+    UPDATE {table} AS t
+       SET claimed_by = %(relay_id)s,
+           claimed_until = now() + make_interval(secs => %(lease)s)
+      FROM picked
+     WHERE t.id = picked.id
+    RETURNING t.id, t.event_id, t.destination, t.routing_key, t.message_type, t.partition_key,
+              t.payload::text, t.headers, t.attempts, t.operation_scope, t.operation_key,
+              t.correlation_id, t.created_at, picked.previous_owner
+    """
+)
+
+_MARK_PUBLISHED = sql.SQL(
+    """
+    UPDATE {table}
+       SET published_at = now(), attempts = attempts + 1,
+           claimed_by = %(relay_id)s, claimed_until = NULL
+     WHERE id = ANY(%(ids)s) AND published_at IS NULL
+    """
+)
+
+_MARK_FAILED = sql.SQL(
+    """
+    UPDATE {table} AS t
+       SET attempts = CASE WHEN f.park THEN greatest(t.attempts + 1, %(max_attempts)s)
+                           ELSE t.attempts + 1 END,
+           last_error = f.error,
+           available_at = now() + make_interval(
+               secs => least(%(max_delay)s, %(base)s * power(2, least(t.attempts, 30)))),
+           claimed_by = NULL,
+           claimed_until = NULL
+      FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[]) AS f(id, error, park)
+     WHERE t.id = f.id AND t.published_at IS NULL AND t.claimed_by = %(relay_id)s
+    RETURNING t.id, t.attempts >= %(max_attempts)s
+    """
+)
+
+_RELEASE = sql.SQL(
+    """
+    UPDATE {table} SET claimed_by = NULL, claimed_until = NULL
+     WHERE id = ANY(%(ids)s) AND published_at IS NULL AND claimed_by = %(relay_id)s
+    """
+)
+
+_CLEANUP = sql.SQL(
+    """
+    DELETE FROM {table}
+     WHERE id IN (
+        SELECT id FROM {table}
+         WHERE published_at < now() - make_interval(secs => %(older_than)s)
+         ORDER BY published_at
+         LIMIT %(limit)s
+         FOR UPDATE SKIP LOCKED)
+    """
+)
+
+_STATUS = sql.SQL(
+    """
+    SELECT count(*) FILTER (WHERE published_at IS NULL AND attempts < %(max_attempts)s),
+           count(*) FILTER (WHERE published_at IS NULL AND attempts BETWEEN 1
+                                  AND %(max_attempts)s - 1),
+           count(*) FILTER (WHERE published_at IS NULL AND claimed_until > now()),
+           count(*) FILTER (WHERE published_at IS NULL AND attempts >= %(max_attempts)s),
+           extract(epoch FROM now() - min(created_at)
+                   FILTER (WHERE published_at IS NULL AND attempts < %(max_attempts)s)),
+           count(*) FILTER (WHERE published_at >= now() - interval '1 minute'),
+           count(*) FILTER (WHERE published_at IS NOT NULL)
+      FROM {table}
+    """
+)
+
+_PARKED = sql.SQL(
+    """
+    SELECT event_id, destination, partition_key, attempts, last_error, created_at
+      FROM {table}
+     WHERE published_at IS NULL AND attempts >= %(max_attempts)s
+     ORDER BY id
+     LIMIT %(limit)s
+    """
+)
+
+_REQUEUE = sql.SQL(
+    """
+    UPDATE {table} SET attempts = 0, available_at = now(), claimed_by = NULL, claimed_until = NULL
+     WHERE published_at IS NULL AND attempts >= %(max_attempts)s
+       AND (%(all)s OR event_id = ANY(%(event_ids)s::uuid[]))
+    """
+)
+
+_PENDING_DESTINATIONS = sql.SQL(
+    "SELECT DISTINCT destination FROM {table} WHERE published_at IS NULL"
+)
