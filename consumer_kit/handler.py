@@ -163,7 +163,10 @@ class Handler(Generic[M]):
         if value in (None, ""):
             return DEFAULT_TENANT
         if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="strict")
+            try:
+                value = value.decode("utf-8", errors="strict")
+            except UnicodeDecodeError:
+                raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is not UTF-8") from None
         if not isinstance(value, str):
             raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id must be a string")
         return value

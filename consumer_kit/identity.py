@@ -79,6 +79,8 @@ def normalize_key(raw: object, *, what: str = "operation key") -> str:
         )
     if any(unicodedata.category(ch) == "Cc" for ch in key):
         raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} contains control characters")
+    if any(unicodedata.category(ch) == "Cs" for ch in key):  # lone surrogate: not encodable as UTF-8
+        raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} contains a lone surrogate")
     return key
 
 
@@ -113,7 +115,12 @@ def _emit(value: Any, out: list[str]) -> None:
     elif isinstance(value, BaseModel):
         _emit(value.model_dump(mode="python"), out)
     elif isinstance(value, Mapping):
-        items = sorted((unicodedata.normalize("NFC", str(k)), v) for k, v in value.items())
+        # Sort by the NFC key; two keys equal after NFC are ordered by their canonical value
+        # (comparing the raw values would raise TypeError for dicts).
+        items = sorted(
+            ((unicodedata.normalize("NFC", str(k)), v) for k, v in value.items()),
+            key=lambda kv: (kv[0], canonical_json(kv[1])),
+        )
         out.append("{")
         for i, (k, v) in enumerate(items):
             if i:

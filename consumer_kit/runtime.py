@@ -170,15 +170,22 @@ class Runtime:
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.SCHEMA_MISMATCH, _describe_validation(exc)) from None
         key = normalize_key(handler.operation_key(message, envelope))
-        tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
+        try:
+            tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
+        except InvalidMessage as exc:  # the tenant comes from a header: report it as one
+            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
         if len(tenant) > MAX_SCOPE_PART_LENGTH:
             raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
+        try:
+            message_fingerprint = fingerprint(message, handler.fingerprint_exclude)
+        except UnicodeEncodeError:  # "\ud800" is valid JSON syntax but not Unicode (RFC 8259 8.2)
+            raise InvalidMessage(DeadLetterReason.INVALID_JSON, "body holds a lone surrogate") from None
         identity = OperationIdentity(
             tenant=tenant,
             operation_type=handler.operation_type,
             version=handler.version,
             key=key,
-            fingerprint=fingerprint(message, handler.fingerprint_exclude),
+            fingerprint=message_fingerprint,
             projection_version=handler.projection_version,
         )
         return _Decoded(handler, message, identity)
