@@ -225,6 +225,11 @@ class Relay:
         self.counters.add("republished", sum(1 for i in confirmed if i in retried))
         self.counters.add("publish_failed", len(failures))
         self.counters.add("parked", len(parked))
+        if failures:  # one line per batch: an outage must not flood the log
+            logger.warning(
+                "%s of %s publishes failed (backing off); first error: %s",
+                len(failures), len(rows), failures[0].error,
+            )
         for failure in failures:
             if failure.id in parked:
                 logger.error("row id=%s parked after its last attempt: %s", failure.id, failure.error)
@@ -314,7 +319,7 @@ class Relay:
                 await self._publisher.publish(message)
             except Exception as exc:  # noqa: BLE001 - PublishError or an adapter's own error
                 error = f"{type(exc).__name__}: {exc}"[:500]
-                logger.warning(
+                logger.debug(
                     "publish failed event_id=%s destination=%s attempt=%s: %s",
                     row.event_id, row.destination, row.attempts + 1, error,
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import json
 import os
 import random
@@ -280,7 +281,7 @@ async def test_two_relays_never_hold_the_same_row_and_keys_stay_in_order(databas
         for key, spans in by_key.items():
             spans.sort()
             assert [seq[m] for _, _, m in spans] == list(range(20)), key
-            for (_, end, _), (next_start, _, _) in zip(spans, spans[1:]):
+            for (_, end, _), (next_start, _, _) in itertools.pairwise(spans):
                 assert end <= next_start, f"two publishes of key {key} overlapped"
 
 

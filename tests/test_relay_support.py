@@ -196,7 +196,7 @@ async def start_relay_process(
         "PYTHONPATH": str(ROOT),
         **(env or {}),
     }
-    stderr = open(log, "ab") if log else asyncio.subprocess.DEVNULL  # noqa: SIM115
+    stderr = open(log, "ab") if log else asyncio.subprocess.DEVNULL
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "outbox_relay.cli", "--schema", schema, *args,
         env=environment, cwd=str(ROOT), stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
