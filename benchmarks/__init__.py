@@ -1,0 +1,1 @@
+"""Reproducible throughput and latency runs; each writes its figures under benchmarks/results/."""

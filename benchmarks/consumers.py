@@ -1,0 +1,368 @@
+"""The three consumers being compared, each run as its own process:
+
+``python -m benchmarks.consumers VARIANT --queue Q --schema S --concurrency C --expect N``
+
+* ``naive``: aio-pika + psycopg. Writes the effect in one transaction, then acks. No ledger, no
+  outbox machinery (the event row is inserted directly). The limit for this design.
+* ``ck``: consumer-kit's :class:`~consumer_kit.worker.Worker` with the RabbitMQ adapter.
+* ``powertools``: aio-pika + AWS Lambda Powertools ``idempotent_function`` with its Redis
+  persistence layer; the decorated function is synchronous (Powertools has no async variant), so
+  it runs in a thread pool of ``C`` threads with a psycopg ``ConnectionPool``.
+
+With ``--expect N`` the process exits after N deliveries were finished and prints one JSON line:
+``{"processed", "seconds", "rate", "peak_rss_mb"}`` where ``seconds`` runs from the first finished
+delivery to the N-th (start-up and connection set-up excluded, the same for every variant).
+With ``--expect 0`` it consumes until SIGTERM (the crash scenario kills it with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import resource
+import signal
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from benchmarks.common import (
+    AMQP_URL,
+    MAX_DELIVERIES,
+    REDIS_HOST,
+    REDIS_PORT,
+    EffectSQL,
+    bench_db_url,
+    event_payload,
+)
+
+logger = logging.getLogger("benchmarks.consumers")
+
+
+class _Progress:
+    """Counts finished deliveries; resolves ``done`` at the expected count."""
+
+    def __init__(self, expect: int) -> None:
+        self.expect = expect
+        self.count = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.done = asyncio.Event()
+
+    def tick(self, n: int = 1) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        self.count += n
+        self.last = now
+        if self.expect and self.count >= self.expect:
+            self.done.set()
+
+    def result(self) -> dict[str, Any]:
+        seconds = (self.last or 0.0) - (self.first or 0.0)
+        # N deliveries finished in `seconds` counting from the first one: N-1 intervals.
+        rate = (self.count - 1) / seconds if seconds > 0 and self.count > 1 else None
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {
+            "processed": self.count,
+            "seconds": seconds,
+            "rate": rate,
+            "peak_rss_mb": peak_kb / 1024.0,
+        }
+
+
+# -- naive ------------------------------------------------------------------------------------
+
+
+async def run_naive(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    import aio_pika
+    from psycopg.types.json import Jsonb  # noqa: F401  (parity with the others' imports)
+    from psycopg_pool import AsyncConnectionPool
+
+    effect = EffectSQL.for_schema(args.schema)
+    pool = AsyncConnectionPool(
+        bench_db_url(), min_size=args.concurrency, max_size=args.concurrency,
+        kwargs={"autocommit": True}, open=False,
+    )
+    await pool.open(wait=True)
+    connection = await aio_pika.connect_robust(AMQP_URL)  # reconnects and re-consumes
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=args.concurrency)
+    queue = await channel.declare_queue(args.queue, passive=True)
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        msg = json.loads(message.body)
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    effect.insert_invoice,
+                    (msg["order_id"], msg["revision"], msg["customer_id"], msg["amount_cents"], msg["currency"]),
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                await conn.execute(effect.add_to_customer, (msg["customer_id"], msg["amount_cents"]))
+                await conn.execute(
+                    effect.insert_event, (uuid.uuid4(), msg["customer_id"], event_payload(row[0], msg))
+                )
+        await message.ack()
+        progress.tick()
+
+    await queue.consume(on_message)
+    try:
+        await _wait(progress, stop)
+    finally:
+        await connection.close()
+        await pool.close()
+
+
+# -- consumer-kit -----------------------------------------------------------------------------
+
+
+def make_ck_app(schema: str) -> Any:
+    """The invoices example's handler with schema-qualified SQL: the same statements the naive
+    and Powertools consumers run, so only the framework differs."""
+    import datetime as dt
+
+    from pydantic import BaseModel, Field
+
+    from consumer_kit import App, Context, Envelope, Handler, Result
+
+    effect = EffectSQL.for_schema(schema)
+
+    class CreateInvoice(BaseModel):
+        order_id: int
+        revision: int
+        customer_id: str = Field(min_length=1, max_length=100)
+        amount_cents: int
+        currency: str = Field(min_length=3, max_length=3)
+        requested_at: dt.datetime
+
+    class InvoiceCreated(BaseModel):
+        invoice_id: int
+        order_id: int
+        revision: int
+        customer_id: str
+        amount_cents: int
+
+    class CreateInvoiceHandler(Handler[CreateInvoice]):
+        operation_type = "invoice.create"
+        fingerprint_exclude = {"requested_at"}
+
+        def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
+            return f"order-{message.order_id}-rev-{message.revision}"
+
+        async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
+            conn = ctx.connection
+            cur = await conn.execute(
+                effect.insert_invoice,
+                (message.order_id, message.revision, message.customer_id, message.amount_cents,
+                 message.currency),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            invoice_id = int(row[0])
+            await conn.execute(effect.add_to_customer, (message.customer_id, message.amount_cents))
+            await ctx.publish(
+                InvoiceCreated(
+                    invoice_id=invoice_id, order_id=message.order_id, revision=message.revision,
+                    customer_id=message.customer_id, amount_cents=message.amount_cents,
+                ),
+                destination="billing.events",
+                routing_key="invoice.created",
+                partition_key=message.customer_id,
+            )
+            return Result(status="created", reference=str(invoice_id))
+
+    app = App("bench-invoices")
+    app.subscribe(QUEUE_PLACEHOLDER, CreateInvoiceHandler())
+    return app
+
+
+QUEUE_PLACEHOLDER = "__queue__"
+
+
+def ck_settings(args: argparse.Namespace) -> Any:
+    from consumer_kit import Settings
+
+    return Settings(
+        database_url=bench_db_url(),
+        broker_url=AMQP_URL,
+        db_schema=args.schema,
+        concurrency=args.concurrency,
+        max_deliveries=MAX_DELIVERIES,
+        in_progress_delay=1.0,
+        retry_delays=[1.0, 5.0, 30.0],
+    )
+
+
+async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    from consumer_kit import App
+    from consumer_kit.worker import Worker
+
+    template = make_ck_app(args.schema)
+    app = App("bench-invoices")
+    for handler in template.routes[QUEUE_PLACEHOLDER].values():
+        app.subscribe(args.queue, handler)
+    settings = ck_settings(args)
+    worker = Worker(app, settings)  # the adapter for amqp:// comes from the entry point
+    task = asyncio.create_task(worker.run())
+    await worker.started.wait()
+    assert worker.runtime is not None
+    counters = worker.runtime.counters
+    seen = 0
+
+    async def poll() -> None:
+        nonlocal seen
+        while True:
+            total = sum(counters.snapshot().values())
+            if total > seen:
+                progress.tick(total - seen)
+                seen = total
+            await asyncio.sleep(0.005)
+
+    poller = asyncio.create_task(poll())
+    try:
+        await _wait(progress, stop, also=task)
+    finally:
+        poller.cancel()
+        worker.stop()
+        try:
+            await asyncio.wait_for(task, 30)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("worker stop: %s", type(exc).__name__)
+    if not progress.done.is_set() and task.done() and task.exception() is not None:
+        raise task.exception()  # type: ignore[misc]
+    print(json.dumps({"counters": counters.snapshot()}), file=sys.stderr)
+
+
+
+# -- Powertools -------------------------------------------------------------------------------
+
+
+async def run_powertools(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    import aio_pika
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+    from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
+    from aws_lambda_powertools.utilities.idempotency.exceptions import (
+        IdempotencyAlreadyInProgressError,
+    )
+    from psycopg_pool import ConnectionPool
+
+    effect = EffectSQL.for_schema(args.schema)
+    pool = ConnectionPool(
+        bench_db_url(), min_size=args.concurrency, max_size=args.concurrency,
+        kwargs={"autocommit": True}, open=True,
+    )
+    pool.wait()
+    # ssl defaults to True in Powertools (ElastiCache); the local Redis speaks plain TCP.
+    persistence = CachePersistenceLayer(host=REDIS_HOST, port=REDIS_PORT, ssl=False)
+    # The operation key is (order_id, revision): the same key consumer-kit uses.
+    config = IdempotencyConfig(event_key_jmespath="[order_id, revision]", expires_after_seconds=3600)
+
+    @idempotent_function(
+        data_keyword_argument="message", persistence_store=persistence, config=config,
+        key_prefix=args.schema,
+    )
+    def create_invoice(message: dict[str, Any]) -> dict[str, Any]:
+        with pool.connection() as conn:
+            with conn.transaction():
+                row = conn.execute(
+                    effect.insert_invoice,
+                    (message["order_id"], message["revision"], message["customer_id"],
+                     message["amount_cents"], message["currency"]),
+                ).fetchone()
+                assert row is not None
+                conn.execute(effect.add_to_customer, (message["customer_id"], message["amount_cents"]))
+                conn.execute(
+                    effect.insert_event,
+                    (uuid.uuid4(), message["customer_id"], event_payload(row[0], message)),
+                )
+        return {"status": "created", "reference": str(row[0])}
+
+    executor = ThreadPoolExecutor(max_workers=args.concurrency, thread_name_prefix="powertools")
+    loop = asyncio.get_running_loop()
+    connection = await aio_pika.connect_robust(AMQP_URL)  # reconnects and re-consumes
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=args.concurrency)
+    queue = await channel.declare_queue(args.queue, passive=True)
+
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        payload = json.loads(message.body)
+        try:
+            await loop.run_in_executor(executor, lambda: create_invoice(message=payload))
+        except IdempotencyAlreadyInProgressError:
+            # Another delivery (or a dead process) holds the INPROGRESS record: try again later.
+            await asyncio.sleep(0.5)
+            await message.nack(requeue=True)
+            return
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("handler failed (%s); requeueing", type(exc).__name__)
+            await message.nack(requeue=True)
+            return
+        await message.ack()
+        progress.tick()
+
+    await queue.consume(on_message)
+    try:
+        await _wait(progress, stop)
+    finally:
+        await connection.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+        pool.close()
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+async def _wait(progress: _Progress, stop: asyncio.Event, also: asyncio.Task[Any] | None = None) -> None:
+    waiters = [asyncio.create_task(progress.done.wait()), asyncio.create_task(stop.wait())]
+    if also is not None:
+        waiters.append(also)  # type: ignore[arg-type]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters[:2]:
+        w.cancel()
+
+
+RUNNERS = {"naive": run_naive, "ck": run_ck, "powertools": run_powertools}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    progress = _Progress(args.expect)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if args.variant != "ck":  # the consumer-kit Worker installs its own SIGTERM handler
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    timeout = args.timeout
+    try:
+        await asyncio.wait_for(RUNNERS[args.variant](args, progress, stop), timeout)
+    except TimeoutError:
+        logger.warning("timed out after %s s with %s of %s", timeout, progress.count, args.expect)
+    return progress.result()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.consumers")
+    parser.add_argument("variant", choices=sorted(RUNNERS))
+    parser.add_argument("--queue", required=True)
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--expect", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    import warnings
+
+    # Powertools warns on every call outside Lambda (no remaining-time context) and about its
+    # Redis class name; neither changes behaviour here.
+    warnings.filterwarnings("ignore", category=UserWarning, module="aws_lambda_powertools")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    result = asyncio.run(main_async(args))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
