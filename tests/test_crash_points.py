@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import os
 import signal
 import subprocess
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def command(order_id: int = 418, amount: int = 1250) -> dict[str, object]:
     return {
         "order_id": order_id, "revision": 2, "customer_id": "c-1", "amount_cents": amount,
-        "currency": "EUR", "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "currency": "EUR", "requested_at": dt.datetime.now(dt.UTC).isoformat(),
     }
 
 

@@ -61,7 +61,8 @@ _TEST_SETTINGS: dict[str, Any] = {
     "max_deliveries": 5,
     "retry_delays": [0.01, 0.02, 0.05],
     "in_progress_delay": 0.05,
-    "lock_timeout": 2.0,
+    "lock_timeout": 0.5,  # PostgreSQL claim wait: kept below the broker lock (1 s) so a waiting
+    # delivery never outlives its lock and gets redelivered while still running
     "handler_timeout": 10.0,
     "settle_timeout": 5.0,
     "concurrency": 16,
@@ -130,6 +131,9 @@ class Harness:
         self._pool: Any = None
         self._errors: list[BaseException] = []
         self._started = False
+        self._inflight = 0  # deliveries inside _on_delivery (a settled one may not have reported yet)
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -181,6 +185,8 @@ class Harness:
             self._started = False
 
     async def _on_delivery(self, delivery: Delivery) -> None:
+        self._inflight += 1
+        self._quiet.clear()
         try:
             self.reports.append(await self.runtime.process(delivery))
         except SimulatedCrash as crash:
@@ -196,6 +202,10 @@ class Harness:
         except BaseException as exc:  # the runtime promises never to raise: surface it in run()
             self._errors.append(exc)
             raise
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._quiet.set()
 
     # -- sending and running -------------------------------------------------------------------
 
@@ -250,8 +260,11 @@ class Harness:
             AssertionError: the runtime raised (it must not).
         """
         start = len(self.reports)
-        await self.broker.wait_idle(timeout)
-        await asyncio.sleep(0)  # let the last callbacks append their reports
+        async with asyncio.timeout(timeout):
+            # The broker is idle once the last message is acked; the delivery that acked it may
+            # still be on its way to returning its report: wait for both.
+            await self.broker.wait_idle(timeout)
+            await self._quiet.wait()
         if self._errors:
             raise AssertionError(f"the runtime raised: {self._errors[0]!r}") from self._errors[0]
         return self.reports[start:]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 from psycopg import AsyncConnection, sql
 from pydantic import BaseModel
@@ -45,7 +45,7 @@ class ChaosEffected(BaseModel):
 
 class ChaosHandler(Handler[ChaosCommand]):
     operation_type = "chaos.apply"
-    fingerprint_exclude = {"sent_at"}
+    fingerprint_exclude: ClassVar[Any] = frozenset({"sent_at"})
 
     def __init__(self, schema: str = SCHEMA, events: str = EVENTS) -> None:
         super().__init__()
@@ -98,7 +98,7 @@ async def create_tables(conn: AsyncConnection[Any], schema: str) -> None:
 def command_body(op: str, amount: int, account: str = "acct-1") -> bytes:
     """A JSON command body; ``sent_at`` changes on every call (volatile, excluded)."""
     return json.dumps(
-        {"account": account, "amount": amount, "sent_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+        {"account": account, "amount": amount, "sent_at": dt.datetime.now(dt.UTC).isoformat()}
     ).encode()
 
 

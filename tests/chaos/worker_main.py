@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from adapters.rabbitmq import RabbitMQConsumer  # noqa: E402
-from consumer_kit.settings import Settings  # noqa: E402
-from consumer_kit.worker import Worker  # noqa: E402
-from tests.chaos.app import app  # noqa: E402
+from adapters.rabbitmq import RabbitMQConsumer
+from consumer_kit.settings import Settings
+from consumer_kit.worker import Worker
+from tests.chaos.app import app
 
 
 async def main() -> None:
