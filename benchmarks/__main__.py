@@ -1,0 +1,48 @@
+"""``python -m benchmarks run [--quick | --smoke] [--out DIR] [--only SCENARIO ...]``
+
+Writes ``results.json``, ``REPORT.md`` and PNG charts to ``--out`` (default
+``benchmarks/results/<mode>``). Needs PostgreSQL on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672 and
+Redis on 127.0.0.1:6379, and the ``bench`` extra (``pip install -e '.[bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from benchmarks import report, runner
+
+SCENARIOS = ["idempotency", "ledger", "pgbench", "memory", "crash", "relay", "relay_memory"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the scenarios and write the report")
+    size = run.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="under 10 minutes on 2 cores")
+    size.add_argument("--smoke", action="store_true", help="a few hundred messages (CI)")
+    run.add_argument("--out", type=Path, default=None)
+    run.add_argument("--only", nargs="+", choices=SCENARIOS, default=None)
+    run.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or not args.smoke else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    out = args.out or Path(__file__).resolve().parent / "results" / mode
+    out.mkdir(parents=True, exist_ok=True)
+    results = runner.run_all(mode, set(args.only) if args.only else None)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    report.write(results, out)
+    print(f"results: {out / 'results.json'}\nreport:  {out / 'REPORT.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
