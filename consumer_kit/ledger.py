@@ -137,6 +137,21 @@ class Ledger:
              WHERE scope = %s AND key = %s AND state = 'processing'
             """
         ).format(table=table)
+        # Park an operation whose outcome the runtime cannot know (the handler ended the
+        # transaction itself): whatever committed stays, and nobody re-runs it blindly.
+        self._park = sql.SQL(
+            """
+            INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
+                projection_version, state, attempts, message_id, error_class, error_detail)
+            VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
+                %(projection_version)s, 'needs_reconciliation', 1, %(message_id)s,
+                %(error_class)s, %(detail)s)
+            ON CONFLICT (scope, key) DO UPDATE SET state = 'needs_reconciliation',
+                   error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+             WHERE o.state = 'processing'
+            """
+        ).format(table=table)
         # Conditional write: only one worker can take over a given expired lease.
         self._take_over = sql.SQL(
             """
@@ -223,6 +238,32 @@ class Ledger:
         cur = await conn.execute(self._fail, (code, error_class, detail, scope, key))
         if cur.rowcount != 1:
             raise RuntimeError(f"ledger row {scope}/{key} was not processing at failure")
+
+    async def park(
+        self,
+        conn: AsyncConnection[Any],
+        identity: OperationIdentity,
+        *,
+        message_id: str | None,
+        error_class: str,
+        detail: str,
+    ) -> None:
+        """Mark the operation ``needs_reconciliation`` (inserting the row if the claim was lost);
+        a ``completed`` or ``failed`` row is left as it is. Run in its own transaction."""
+        await conn.execute(
+            self._park,
+            {
+                "scope": identity.scope,
+                "key": identity.key,
+                "tenant": identity.tenant,
+                "operation_type": identity.operation_type,
+                "fingerprint": identity.fingerprint,
+                "projection_version": identity.projection_version,
+                "message_id": message_id,
+                "error_class": error_class,
+                "detail": detail,
+            },
+        )
 
     async def take_over_expired_lease(
         self, conn: AsyncConnection[Any], scope: str, key: str, *, owner: str, lease_seconds: float

@@ -65,6 +65,11 @@ class _Decoded:
     identity: OperationIdentity
 
 
+class _TransactionEnded(Exception):
+    """The handler ended the delivery's transaction itself (``COMMIT``/``ROLLBACK`` sent as SQL):
+    part of its effect may be durable without the ledger's completion."""
+
+
 class _Settle:
     """What to do with the delivery once the transaction is over (settle after COMMIT, never inside)."""
 
@@ -213,22 +218,43 @@ class Runtime:
         identity = decoded.identity
         committing = False
         try:
+            for stale in range(self.pool.max_size + 1):
+                async with self.pool.connection() as conn:
+                    began = False
+                    try:
+                        async with conn.transaction():  # BEGIN ... COMMIT on leaving the block
+                            began = True
+                            decision = await self._claim_and_run(conn, decoded, envelope)
+                            committing = True
+                    except psycopg.OperationalError:
+                        if not began and conn.broken and stale < self.pool.max_size:
+                            # A pooled connection that died while idle (server restart, fail-over,
+                            # pg_terminate_backend) fails at BEGIN, before anything was claimed.
+                            # The pool discards it on return; take the next one instead of
+                            # burning a delivery (each dead connection would cost one).
+                            continue
+                        if committing and conn.broken:
+                            # The COMMIT was sent but its reply is lost: the effect may or may not be
+                            # durable. Never ack; the redelivery reads the truth from the ledger.
+                            return _Settle(
+                                Outcome.UNCERTAIN,
+                                Settlement.RETRY,
+                                delay=self.settings.in_progress_delay,
+                                reason="commit_outcome_unknown",
+                            )
+                        raise
+                break
+        except _TransactionEnded as exc:
+            # What committed cannot be known here: park the operation (never re-run it blindly).
             async with self.pool.connection() as conn:
-                try:
-                    async with conn.transaction():  # BEGIN ... COMMIT on leaving the block
-                        decision = await self._claim_and_run(conn, decoded, envelope)
-                        committing = True
-                except psycopg.OperationalError:
-                    if committing and conn.broken:
-                        # The COMMIT was sent but its reply is lost: the effect may or may not be
-                        # durable. Never ack; the redelivery reads the truth from the ledger.
-                        return _Settle(
-                            Outcome.UNCERTAIN,
-                            Settlement.RETRY,
-                            delay=self.settings.in_progress_delay,
-                            reason="commit_outcome_unknown",
-                        )
-                    raise
+                await self.ledger.park(
+                    conn, identity, message_id=envelope.message_id,
+                    error_class=type(exc).__name__, detail=str(exc),
+                )
+            return _Settle(
+                Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=str(exc),
+            )
         except pg_errors.LockNotAvailable:
             # Another transaction holds this key's claim past lock_timeout: never run in parallel.
             return _Settle(
@@ -272,9 +298,12 @@ class Runtime:
         ctx = Context(conn, identity, envelope, self.outbox)
         try:
             async with conn.transaction():  # SAVEPOINT: a permanent failure undoes only the handler
-                result = await asyncio.wait_for(
-                    decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
-                )
+                try:
+                    result = await asyncio.wait_for(
+                        decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
+                    )
+                finally:
+                    _ensure_transaction_open(conn)
                 crashpoints.reached(CrashPoint.IN_HANDLER)
         except PermanentFailure as failure:
             await self.ledger.fail(
@@ -382,6 +411,15 @@ class Runtime:
             reason=reason,
             result=result,
             duration_seconds=time.monotonic() - started,
+        )
+
+
+def _ensure_transaction_open(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Raise :class:`_TransactionEnded` when the handler left no transaction open (the autocommit
+    connection is idle: its writes so far, and the claim, were committed or rolled back)."""
+    if conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE:
+        raise _TransactionEnded(
+            "the handler ended the delivery's transaction (COMMIT or ROLLBACK sent as SQL)"
         )
 
 

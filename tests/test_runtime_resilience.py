@@ -1,0 +1,714 @@
+"""The runtime under attack, on the real PostgreSQL and the real RabbitMQ.
+
+Every test runs in-process workers (``Worker`` + RabbitMQ adapter) over a throwaway schema and
+checks the one-effect guarantee after something goes wrong *inside* the delivery pipeline:
+
+* database connection loss: idle pool connections killed (a PostgreSQL restart or fail-over),
+  a backend killed mid-transaction, a backend killed inside COMMIT, a COMMIT whose reply is lost
+  after it became durable (a TCP proxy that swallows the reply);
+* a duplicate storm (200 operations x 5 copies, 3 workers);
+* the claim's ``lock_timeout`` path and lease recovery of a crashed leased operation;
+* handlers that break their transaction (``commit()``, raw ``COMMIT``, an uncaught or a
+  swallowed database error), a handler timeout on a running query, and a lost ack.
+
+Synchronisation is by events (handlers signal and wait on ``asyncio.Event``), report queues and
+bounded polls of a database or broker condition; never by sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aio_pika
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from adapters.rabbitmq import consumer_from_settings
+from consumer_kit import App, Context, DeliveryReport, Outcome, Result
+from consumer_kit.identity import OperationIdentity, fingerprint
+from consumer_kit.worker import Worker
+from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
+from tests.harness import throwaway_schema
+from tests.test_end_to_end_rabbitmq import Env, command
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+TERMINAL = (Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.LEASE_RECOVERED, Outcome.DEAD_LETTERED)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+class Gate:
+    """Lets a test hold a handler at a known point: call ``n`` (1-based) in ``block`` sets
+    ``entered`` and waits for ``release``. Counts calls and the largest number running at once."""
+
+    def __init__(self, block: set[int] | None = None, *, expect: int = 1) -> None:
+        self.block = block if block is not None else {1}
+        self.expect = expect  # ``entered`` is set once this many calls are held
+        self.held = 0
+        self.calls = 0
+        self.running = 0
+        self.max_running = 0
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def around(self) -> AsyncIterator[int]:
+        self.calls += 1
+        number = self.calls
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            yield number
+        finally:
+            self.running -= 1
+
+    async def hold(self, number: int) -> None:
+        if number in self.block:
+            self.held += 1
+            if self.held >= self.expect:
+                self.entered.set()
+            await self.release.wait()
+
+
+class GatedInvoiceHandler(CreateInvoiceHandler):
+    """The invoices example's handler, held by a :class:`Gate` before or after its writes."""
+
+    def __init__(self, gate: Gate, *, hold_after_writes: bool = False) -> None:
+        super().__init__()
+        self.gate = gate
+        self.hold_after_writes = hold_after_writes
+
+    async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
+        async with self.gate.around() as number:
+            if not self.hold_after_writes:
+                await self.gate.hold(number)
+            result = await super().handle(message, ctx)
+            if self.hold_after_writes:
+                await self.gate.hold(number)
+            return result
+
+
+class ResilienceEnv(Env):
+    """``Env`` whose workers connect with their own ``application_name`` (so the test can find and
+    terminate exactly their backends) and can take per-worker settings."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.application_name = "ck_resilience_" + self.schema
+        self.settings = self.settings.model_copy(
+            update={"database_url": self.worker_database_url(self.database_url)}
+        )
+
+    def worker_database_url(self, base: str, **changes: Any) -> str:
+        """``base`` with the workers' application_name (and no TLS, so a proxy can read it)."""
+        return make_conninfo(base, application_name=self.application_name, sslmode="disable", **changes)
+
+    def app(self, handler: Any = None) -> App:
+        app = App("resilience")
+        app.subscribe(self.queue, handler or CreateInvoiceHandler())
+        return app
+
+    @asynccontextmanager
+    async def run(self, app: App, **overrides: Any) -> AsyncIterator[Worker]:
+        settings = self.settings.model_copy(update=overrides)
+        worker = Worker(
+            app, settings, consumer=consumer_from_settings(settings), on_report=self.reports.put_nowait
+        )
+        task = asyncio.create_task(worker.run())
+        started = asyncio.create_task(worker.started.wait())
+        await asyncio.wait({task, started}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+        try:
+            yield worker
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+
+    async def send_command(self, order_id: int = 418, amount: int = 1250, **changes: Any) -> str:
+        return await self.send(command(order_id, amount, **changes))
+
+    async def admin(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def backends(self, where: str = "true") -> list[tuple[Any, ...]]:
+        """(pid, state, query, wait_event_type) of the workers' backends matching ``where``."""
+        return await self.admin(
+            "SELECT pid, state, query, wait_event_type FROM pg_stat_activity "
+            f"WHERE application_name = %s AND ({where})",
+            self.application_name,
+        )
+
+    async def terminate(self, pids: list[int]) -> None:
+        await self.admin("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", pids)
+        await poll(lambda: self.admin("SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = ANY(%s)", pids))
+
+    async def wait_for_backend(self, where: str) -> list[int]:
+        """Pids of the workers' backends matching ``where``, once there is at least one."""
+        found: list[tuple[Any, ...]] = []
+
+        async def present() -> bool:
+            found[:] = await self.backends(where)
+            return bool(found)
+
+        await poll(present)
+        return [row[0] for row in found]
+
+    async def outcomes_until(
+        self, done: Callable[[list[DeliveryReport]], bool], timeout: float = 30.0
+    ) -> list[DeliveryReport]:
+        return await self.reports_until(done, timeout)
+
+    async def depth(self, name: str) -> int:
+        connection = await aio_pika.connect(self.rabbitmq_url)
+        try:
+            channel = await connection.channel()
+            declared = await channel.declare_queue(name, passive=True)
+            return int(declared.declaration_result.message_count or 0)
+        finally:
+            await connection.close()
+
+
+async def poll(condition: Callable[[], Any], timeout: float = 15.0, interval: float = 0.02) -> None:
+    """Wait until ``await condition()`` is truthy (a database or broker condition with no event)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            value = await condition()
+            if value and (not isinstance(value, list) or value[0][0]):
+                return
+            await asyncio.sleep(interval)
+
+
+def count(reports: list[DeliveryReport], *outcomes: Outcome) -> int:
+    return sum(r.outcome in outcomes for r in reports)
+
+
+@pytest.fixture
+async def renv(database_url: str, rabbitmq_url: str, unique_name: str) -> AsyncIterator[ResilienceEnv]:
+    async with throwaway_schema(database_url) as schema:
+        environment = ResilienceEnv(database_url, rabbitmq_url, schema, f"{unique_name}.commands")
+        try:
+            yield environment
+        finally:
+            await environment.cleanup()
+
+
+async def assert_effects(env: Env, expected: dict[int, int]) -> None:
+    """Exactly one invoice per order in ``expected`` (order_id -> amount), balances add up,
+    one outbox row per operation, every ledger row completed."""
+    invoices = await env.rows("SELECT order_id, amount_cents FROM invoices ORDER BY order_id")
+    assert invoices == sorted(expected.items())
+    (balance,) = await env.rows("SELECT coalesce(sum(invoiced_cents), 0) FROM customers")
+    assert balance == (sum(expected.values()),)
+    assert await env.rows("SELECT count(*) FROM outbox") == [(len(expected),)]
+    assert await env.rows("SELECT state, count(*) FROM operations GROUP BY state") == (
+        [("completed", len(expected))] if expected else []
+    )
+
+
+# -- 1. database connection loss ------------------------------------------------------------------
+
+
+async def test_idle_pool_connections_killed_do_not_burn_deliveries(renv: ResilienceEnv) -> None:
+    """A PostgreSQL restart or fail-over kills every idle pooled connection. The next deliveries must
+    not be handed those dead connections one after another: with ``max_deliveries=3`` and a pool of
+    more than three dead connections, a message would be dead-lettered without its handler ever
+    running (``max_deliveries_exceeded:OperationalError``)."""
+    gate = Gate(block=set(range(1, 7)), expect=6)
+    async with renv.run(renv.app(GatedInvoiceHandler(gate)), concurrency=8, pool_size=8):
+        # Grow the pool to six connections: six deliveries held in the handler at once.
+        for order in range(1, 7):
+            await renv.send_command(order)
+        await asyncio.wait_for(gate.entered.wait(), 15)
+        gate.release.set()
+        first = await renv.next_reports(6)
+        assert count(first, Outcome.EXECUTED) == 6
+        idle = [row[0] for row in await renv.backends("state = 'idle'")]
+        assert len(idle) >= 4, idle
+        await renv.terminate(idle)
+
+        await renv.send_command(100)
+        reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1)
+    assert [r.outcome for r in reports] == [Outcome.EXECUTED], [(r.outcome, r.reason) for r in reports]
+    await assert_effects(renv, {**dict.fromkeys(range(1, 7), 1250), 100: 1250})
+
+
+async def test_backend_killed_mid_transaction_is_retried_and_the_pool_recovers(renv: ResilienceEnv) -> None:
+    """The handler has written its invoice; its backend is terminated; the handler returns. Nothing
+    was committed, so the redelivery executes: one effect, and the worker keeps consuming."""
+    gate = Gate(block={1})
+    async with renv.run(renv.app(GatedInvoiceHandler(gate, hold_after_writes=True))):
+        await renv.send_command(1)
+        await asyncio.wait_for(gate.entered.wait(), 15)
+        pids = await renv.wait_for_backend("state = 'idle in transaction'")
+        assert len(pids) == 1
+        await renv.terminate(pids)
+        gate.release.set()
+        reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1)
+        assert [r.outcome for r in reports] == [Outcome.RETRIED, Outcome.EXECUTED]
+        assert reports[0].reason == "AdminShutdown"  # psycopg's class for SQLSTATE 57P01
+        assert gate.calls == 2
+        # The pool replaced the dead connection: later deliveries run normally.
+        for order in (2, 3):
+            await renv.send_command(order)
+        later = await renv.next_reports(2)
+    assert [r.outcome for r in later] == [Outcome.EXECUTED, Outcome.EXECUTED]
+    await assert_effects(renv, {1: 1250, 2: 1250, 3: 1250})
+    assert await renv.queue_depth() == 0
+
+
+async def test_backend_killed_inside_commit_is_uncertain_then_executed(renv: ResilienceEnv) -> None:
+    """The backend dies while executing COMMIT (held there by a deferred constraint trigger waiting
+    on an advisory lock the test holds). The runtime cannot know whether COMMIT happened: outcome
+    ``uncertain``, not acked. It did not happen, so the redelivery executes: one effect."""
+    lock_key = uuid.uuid4().int % 2**31
+    await renv.admin(
+        sql.SQL(
+            """
+            CREATE FUNCTION {schema}.wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_advisory_xact_lock({key}); RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER wait_at_commit AFTER INSERT ON {schema}.invoices
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {schema}.wait_at_commit();
+            """
+        ).format(schema=sql.Identifier(renv.schema), key=sql.Literal(lock_key)).as_string(None)
+    )
+    async with await psycopg.AsyncConnection.connect(renv.database_url, autocommit=True) as holder:
+        await holder.execute("SELECT pg_advisory_lock(%s)", (lock_key,))
+        async with renv.run(renv.app()):
+            await renv.send_command(1)
+            pids = await renv.wait_for_backend("query = 'COMMIT' AND wait_event_type = 'Lock'")
+            await renv.terminate(pids)
+            (uncertain,) = await renv.next_reports(1)
+            assert (uncertain.outcome, uncertain.reason) == (Outcome.UNCERTAIN, "commit_outcome_unknown")
+            assert uncertain.settlement == "retry"
+            assert await renv.rows("SELECT count(*) FROM operations") == [(0,)]
+            await holder.execute("SELECT pg_advisory_unlock(%s)", (lock_key,))
+            (redelivered,) = await renv.next_reports(1)
+    assert redelivered.outcome is Outcome.EXECUTED
+    assert redelivered.delivery_count == 2
+    await assert_effects(renv, {1: 1250})
+    assert await renv.queue_depth() == 0
+
+
+class ReplyEater:
+    """A TCP proxy in front of PostgreSQL that, once armed, forwards the next ``COMMIT`` to the
+    server but swallows everything the server answers on that connection, until :meth:`cut`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.armed = False
+        self.commit_forwarded = asyncio.Event()
+        self._victim: tuple[asyncio.StreamWriter, asyncio.StreamWriter] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self._writers += [writer, up_writer]
+        state = {"eat": False}
+
+        async def client_to_server() -> None:
+            while data := await reader.read(65536):
+                up_writer.write(data)
+                await up_writer.drain()
+                if self.armed and b"COMMIT\x00" in data:
+                    self.armed = False
+                    state["eat"] = True
+                    self._victim = (writer, up_writer)
+                    self.commit_forwarded.set()
+            up_writer.close()
+
+        async def server_to_client() -> None:
+            while data := await up_reader.read(65536):
+                if not state["eat"]:
+                    writer.write(data)
+                    await writer.drain()
+            writer.close()
+
+        for pump in (client_to_server(), server_to_client()):
+            task = asyncio.create_task(pump)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def cut(self) -> None:
+        """Close the connection whose COMMIT reply was swallowed (the client sees it drop)."""
+        assert self._victim is not None
+        for writer in self._victim:
+            writer.transport.abort()
+
+    async def close(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_commit_reply_lost_after_durable_commit_is_uncertain_then_duplicate(
+    renv: ResilienceEnv,
+) -> None:
+    """COMMIT reaches the server and becomes durable, but the reply never arrives (the network
+    drops). The runtime must not ack (``uncertain``); the redelivery reads the ledger and is a
+    ``duplicate``: the handler never runs twice."""
+    target = conninfo_to_dict(renv.database_url)
+    proxy = ReplyEater(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
+    port = await proxy.start()
+    gate = Gate(block=set())
+    try:
+        async with renv.run(
+            renv.app(GatedInvoiceHandler(gate)), database_url=renv.worker_database_url(renv.database_url, host="127.0.0.1", port=port)
+        ):
+            proxy.armed = True
+            await renv.send_command(1)
+            await asyncio.wait_for(proxy.commit_forwarded.wait(), 15)
+            await poll(lambda: renv.rows("SELECT count(*) = 1 FROM operations WHERE state = 'completed'"))
+            proxy.cut()
+            reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1)
+    finally:
+        await proxy.close()
+    assert [(r.outcome, r.reason) for r in reports] == [
+        (Outcome.UNCERTAIN, "commit_outcome_unknown"), (Outcome.DUPLICATE, None),
+    ]
+    assert gate.calls == 1
+    await assert_effects(renv, {1: 1250})
+    assert await renv.queue_depth() == 0
+
+
+# -- 2. duplicate storm ---------------------------------------------------------------------------
+
+
+async def test_duplicate_storm_200_operations_5_copies_3_workers(renv: ResilienceEnv) -> None:
+    """1000 messages at once (200 operations x 5 copies, shuffled), 3 workers x concurrency 16,
+    20 customers shared between operations (row-lock contention in the handler too)."""
+    operations, copies = 200, 5
+    amounts = {order: 100 + order for order in range(1, operations + 1)}
+    bodies = [
+        command(order, amount, customer_id=f"c-{order % 20}")
+        for order, amount in amounts.items() for _ in range(copies)
+    ]
+    random.Random(7).shuffle(bodies)
+    gate = Gate(block=set())
+    app = renv.app(GatedInvoiceHandler(gate))
+    overrides = {"concurrency": 16, "pool_size": 10}  # max_deliveries=3, lock_timeout=2 s (Env)
+    async with renv.run(app, **overrides), renv.run(app, **overrides), renv.run(app, **overrides):
+        await asyncio.gather(*(renv.send(body) for body in bodies))
+        seen = await renv.outcomes_until(
+            lambda reports: count(reports, *TERMINAL, Outcome.DEAD_LETTERED) == operations * copies,
+            timeout=25,
+        )
+    by_outcome = collections.Counter(r.outcome for r in seen)
+    assert by_outcome[Outcome.EXECUTED] == operations, by_outcome
+    assert by_outcome[Outcome.DUPLICATE] == operations * (copies - 1), by_outcome
+    assert set(by_outcome) <= {Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.IN_PROGRESS}, by_outcome
+    executed_keys = collections.Counter(r.operation_key for r in seen if r.outcome is Outcome.EXECUTED)
+    assert len(executed_keys) == operations and set(executed_keys.values()) == {1}
+    assert gate.calls == operations  # the handler itself never ran twice for a key
+    await assert_effects(renv, amounts)
+    assert await renv.queue_depth() == 0
+    assert await renv.depth(renv.queue + ".retry.200ms") == 0
+    assert await renv.depth(renv.queue + ".dlq") == 0
+
+
+# -- 3. the claim's lock_timeout ------------------------------------------------------------------
+
+
+async def test_duplicate_waiting_past_lock_timeout_is_in_progress_then_duplicate(renv: ResilienceEnv) -> None:
+    """Worker A's handler holds the claim (uncommitted) longer than ``lock_timeout``. The duplicate
+    on worker B waits on the unique index, times out and comes back ``in_progress`` (retried with
+    delay), again and again, never running in parallel; after A commits it is a ``duplicate``."""
+    gate = Gate(block={1})
+    app = renv.app(GatedInvoiceHandler(gate))
+    async with renv.run(app, concurrency=1, lock_timeout=0.3):  # A: prefetch 1, holds copy 1
+        await renv.send_command(1)
+        await asyncio.wait_for(gate.entered.wait(), 15)
+        async with renv.run(app, lock_timeout=0.3):  # B
+            await renv.send_command(1)
+            waiting = await renv.outcomes_until(lambda seen: count(seen, Outcome.IN_PROGRESS) >= 2)
+            assert {(r.outcome, r.reason) for r in waiting} == {(Outcome.IN_PROGRESS, "claim_lock_timeout")}
+            assert all(r.settlement == "retry" for r in waiting)
+            assert (gate.calls, gate.max_running) == (1, 1)
+            gate.release.set()
+            rest = await renv.outcomes_until(
+                lambda seen: count(seen, Outcome.EXECUTED) == 1 and count(seen, Outcome.DUPLICATE) == 1
+            )
+    assert set(r.outcome for r in rest) <= {Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.IN_PROGRESS}
+    duplicate = next(r for r in rest if r.outcome is Outcome.DUPLICATE)
+    assert duplicate.result is not None and duplicate.result.status == "created"
+    assert duplicate.delivery_count > 2  # every in_progress retry was a delivery
+    assert (gate.calls, gate.max_running) == (1, 1)
+    await assert_effects(renv, {1: 1250})
+    assert await renv.queue_depth() == 0
+
+
+# -- 4. lease recovery ----------------------------------------------------------------------------
+
+
+async def insert_expired_lease(env: ResilienceEnv, order_id: int, amount: int = 1250) -> OperationIdentity:
+    """The ledger row a crashed leased operation leaves: processing, lease expired a minute ago."""
+    message = CreateInvoice.model_validate_json(command(order_id, amount))
+    handler = CreateInvoiceHandler()
+    identity = OperationIdentity(
+        tenant="default", operation_type=handler.operation_type, version=handler.version,
+        key=handler.operation_key(message, None),  # type: ignore[arg-type]
+        fingerprint=fingerprint(message, handler.fingerprint_exclude),
+        projection_version=handler.projection_version,
+    )
+    await env.rows(
+        "INSERT INTO operations (scope, key, tenant, operation_type, fingerprint, projection_version, "
+        "state, attempts, lease_owner, lease_expires_at, message_id) VALUES "
+        "(%s, %s, %s, %s, %s, %s, 'processing', 1, 'crashed-host:1:dead', now() - interval '1 minute', "
+        "'lost-message') RETURNING 1",
+        identity.scope, identity.key, identity.tenant, identity.operation_type, identity.fingerprint,
+        identity.projection_version,
+    )
+    return identity
+
+
+async def test_expired_lease_is_recovered_once_by_two_concurrent_deliveries(renv: ResilienceEnv) -> None:
+    """Two copies race for an expired lease: the first takes it over and runs the handler (held
+    open by the test); the second waits on the row, times out (``in_progress``), and after the
+    first commits is a ``duplicate``. ``attempts`` counts the take-over."""
+    identity = await insert_expired_lease(renv, 7)
+    gate = Gate(block={1})
+    app = renv.app(GatedInvoiceHandler(gate))
+    async with renv.run(app, concurrency=1, lock_timeout=0.3), renv.run(app, lock_timeout=0.3):
+        await renv.send_command(7)
+        await asyncio.wait_for(gate.entered.wait(), 15)
+        await renv.send_command(7)
+        waiting = await renv.outcomes_until(lambda seen: count(seen, Outcome.IN_PROGRESS) >= 1)
+        assert [r.outcome for r in waiting] == [Outcome.IN_PROGRESS]
+        assert gate.calls == 1
+        gate.release.set()
+        rest = await renv.outcomes_until(lambda seen: count(seen, Outcome.DUPLICATE) == 1)
+    outcomes = collections.Counter(r.outcome for r in waiting + rest)
+    assert outcomes[Outcome.LEASE_RECOVERED] == 1 and outcomes[Outcome.EXECUTED] == 0, outcomes
+    assert (gate.calls, gate.max_running) == (1, 1)
+    await assert_effects(renv, {7: 1250})
+    assert await renv.rows(
+        "SELECT attempts, lease_owner, lease_expires_at, message_id FROM operations WHERE key = %s",
+        identity.key,
+    ) == [(2, None, None, "lost-message")]
+    assert await renv.queue_depth() == 0
+
+
+async def test_live_lease_is_in_progress_and_never_taken_over(renv: ResilienceEnv) -> None:
+    """A processing row whose lease is still live (another worker is mid-operation) is never run:
+    the delivery comes back ``in_progress`` with reason ``lease_held``."""
+    identity = await insert_expired_lease(renv, 8)
+    await renv.rows(
+        "UPDATE operations SET lease_expires_at = now() + interval '1 hour' WHERE key = %s RETURNING 1",
+        identity.key,
+    )
+    gate = Gate(block=set())
+    async with renv.run(renv.app(GatedInvoiceHandler(gate))):
+        await renv.send_command(8)
+        reports = await renv.outcomes_until(lambda seen: count(seen, Outcome.IN_PROGRESS) >= 2)
+        # Let the lease expire (as the clock would): the next redelivery recovers it.
+        await renv.rows(
+            "UPDATE operations SET lease_expires_at = now() - interval '1 second' WHERE key = %s "
+            "RETURNING 1", identity.key,
+        )
+        rest = await renv.outcomes_until(lambda seen: count(seen, Outcome.LEASE_RECOVERED) == 1)
+    assert {(r.outcome, r.reason) for r in reports} == {(Outcome.IN_PROGRESS, "lease_held")}
+    assert gate.calls == 1
+    assert rest[-1].outcome is Outcome.LEASE_RECOVERED
+    await assert_effects(renv, {8: 1250})
+
+
+# -- 5. handlers that break their transaction -----------------------------------------------------
+
+
+class MisbehavingHandler(CreateInvoiceHandler):
+    """Does the example's writes, then misbehaves as ``customer_id`` says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
+        mode = message.customer_id
+        self.calls[mode] += 1
+        result = await super().handle(message, ctx)
+        conn = ctx.connection
+        if mode == "commit-method":
+            await conn.commit()
+        elif mode == "raw-commit":
+            await conn.execute("COMMIT")
+        elif mode == "raw-rollback":
+            await conn.execute("ROLLBACK")
+            await conn.execute("INSERT INTO customers VALUES ('after-rollback', 1)")
+        elif mode == "unique-violation":
+            await conn.execute("INSERT INTO customers (customer_id) VALUES ('unique-violation')")
+        elif mode == "swallowed-error":
+            with contextlib.suppress(psycopg.errors.UniqueViolation):
+                await conn.execute("INSERT INTO customers (customer_id) VALUES ('swallowed-error')")
+        elif mode == "savepoint-handled":
+            with contextlib.suppress(psycopg.errors.UniqueViolation):
+                async with conn.transaction():
+                    await conn.execute("INSERT INTO customers (customer_id) VALUES ('savepoint-handled')")
+        return result
+
+
+async def test_handlers_that_break_their_transaction(renv: ResilienceEnv) -> None:
+    """What each misbehaviour does (all with ``max_deliveries=3``):
+
+    * ``ctx.connection.commit()``: psycopg forbids it inside a transaction block
+      (``ProgrammingError``): rolled back, retried, dead-lettered; nothing committed.
+    * an uncaught unique violation: rolled back to the handler's savepoint and then entirely,
+      retried, dead-lettered; nothing committed.
+    * a swallowed database error (the handler catches ``UniqueViolation`` and returns normally):
+      the transaction is aborted, so releasing the handler's savepoint fails
+      (``InFailedSqlTransaction``): rolled back, retried, dead-lettered; nothing committed.
+    * the same error caught around the handler's own ``conn.transaction()`` (a savepoint): fine,
+      executed once.
+    In every failing case the ledger has no row and no invoice survives.
+    """
+    handler = MisbehavingHandler()
+    modes = {"commit-method": 1, "unique-violation": 2, "swallowed-error": 3, "savepoint-handled": 4}
+    async with renv.run(renv.app(handler)):
+        for mode, order in modes.items():
+            await renv.send_command(order, customer_id=mode)
+        seen = await renv.outcomes_until(lambda reports: count(reports, *TERMINAL) == len(modes))
+    final = {r.operation_key: (r.outcome, r.reason) for r in seen if r.outcome in TERMINAL}
+    assert final == {
+        "order-1-rev-2": (Outcome.DEAD_LETTERED, "max_deliveries_exceeded:ProgrammingError"),
+        "order-2-rev-2": (Outcome.DEAD_LETTERED, "max_deliveries_exceeded:UniqueViolation"),
+        "order-3-rev-2": (Outcome.DEAD_LETTERED, "max_deliveries_exceeded:InFailedSqlTransaction"),
+        "order-4-rev-2": (Outcome.EXECUTED, None),
+    }
+    assert handler.calls == {"commit-method": 3, "unique-violation": 3, "swallowed-error": 3, "savepoint-handled": 1}
+    assert await renv.rows("SELECT key, state FROM operations") == [("order-4-rev-2", "completed")]
+    assert await renv.rows("SELECT order_id FROM invoices") == [(4,)]
+    assert await renv.rows("SELECT customer_id, invoiced_cents FROM customers ORDER BY 1") == [
+        ("savepoint-handled", 1250)
+    ]
+    assert len(await renv.dead_letters(3)) == 3
+
+
+@pytest.mark.parametrize(
+    ("mode", "invoices", "customers"),
+    [
+        # The claim and the invoice were committed by the handler's COMMIT.
+        ("raw-commit", [(5,)], [("raw-commit", 1250)]),
+        # The claim and the invoice were rolled back; the write after ROLLBACK autocommitted.
+        ("raw-rollback", [], [("after-rollback", 1)]),
+    ],
+)
+async def test_handler_ending_the_transaction_itself_is_parked_for_reconciliation(
+    renv: ResilienceEnv, mode: str, invoices: list[tuple[int]], customers: list[tuple[str, int]]
+) -> None:
+    """A handler that sends ``COMMIT`` or ``ROLLBACK`` as SQL ends the runtime's transaction under
+    its feet: part of its effect is durable without the ledger's completion.
+
+    Before the fix: ``RELEASE SAVEPOINT`` failed (``NoActiveSqlTransaction``), the delivery was
+    retried; after ``COMMIT`` the claim was durable as ``processing`` with a live lease, so the
+    redeliveries were ``in_progress`` until the lease expired and lease recovery ran the handler
+    again: two invoices. After ``ROLLBACK`` every redelivery re-ran the handler from scratch and
+    repeated the autocommitted write. Now the runtime detects the ended transaction, marks the
+    operation ``needs_reconciliation`` and dead-letters the delivery with that reason; duplicates
+    are dead-lettered the same way and never run the handler."""
+    handler = MisbehavingHandler()
+    async with renv.run(renv.app(handler)):
+        await renv.send_command(5, customer_id=mode)
+        (first,) = await renv.next_reports(1)
+        await renv.send_command(5, customer_id=mode)
+        (duplicate,) = await renv.next_reports(1)
+    for report in (first, duplicate):
+        assert (report.outcome, report.settlement, report.reason) == (
+            Outcome.UNCERTAIN, "dead_letter", "needs_reconciliation",
+        )
+    assert handler.calls == {mode: 1}
+    assert await renv.rows("SELECT key, state, lease_owner, error_class FROM operations") == [
+        ("order-5-rev-2", "needs_reconciliation", None, "_TransactionEnded")
+    ]
+    assert await renv.rows("SELECT order_id FROM invoices") == invoices
+    assert await renv.rows("SELECT customer_id, invoiced_cents FROM customers") == customers
+    reasons = [m.headers["x-dead-letter-reason"] for m in await renv.dead_letters(2)]
+    assert reasons == ["needs_reconciliation"] * 2
+
+
+# -- 6. timeouts and lost settlements -------------------------------------------------------------
+
+
+class SlowQueryHandler(CreateInvoiceHandler):
+    """First call: a query that runs far past ``handler_timeout``; later calls: the example."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
+        self.calls += 1
+        result = await super().handle(message, ctx)
+        if self.calls == 1:
+            await ctx.connection.execute("SELECT pg_sleep(60)")
+        return result
+
+
+async def test_handler_timeout_cancels_the_running_query_and_retries(renv: ResilienceEnv) -> None:
+    """``handler_timeout`` fires while the handler's query is running on the server. The runtime
+    must not wait for the query nor leave it running: the delivery is retried promptly, the
+    redelivery executes once, and no backend is left sleeping."""
+    handler = SlowQueryHandler()
+    async with renv.run(renv.app(handler), handler_timeout=0.5):
+        await renv.send_command(1)
+        reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1, timeout=20)
+        sleeping = await renv.backends("query LIKE '%%pg_sleep%%' AND state = 'active'")
+    assert [(r.outcome, r.reason) for r in reports] == [
+        (Outcome.RETRIED, "TimeoutError"), (Outcome.EXECUTED, None),
+    ]
+    assert reports[0].duration_seconds < 5
+    assert sleeping == []
+    await assert_effects(renv, {1: 1250})
+
+
+async def test_ack_lost_after_commit_makes_the_redelivery_a_duplicate(renv: ResilienceEnv) -> None:
+    """The broker connection drops while the handler runs: the COMMIT succeeds but the ack cannot
+    be sent. The broker redelivers (on the adapter's new connection); the ledger turns the
+    redelivery into a ``duplicate``; one effect."""
+    gate = Gate(block={1})
+    settings = renv.settings
+    consumer = consumer_from_settings(settings)
+    worker = Worker(renv.app(GatedInvoiceHandler(gate)), settings, consumer=consumer,
+                    on_report=renv.reports.put_nowait)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(worker.started.wait(), 30)
+        await renv.send_command(1)
+        await asyncio.wait_for(gate.entered.wait(), 15)
+        connection = consumer._connection  # the adapter's live aio-pika connection
+        assert connection is not None
+        await connection.close()
+        await poll(lambda: asyncio.sleep(0, consumer.reconnects >= 1))
+        gate.release.set()
+        seen = await renv.outcomes_until(lambda reports: count(reports, Outcome.DUPLICATE) == 1)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert [r.outcome for r in seen if r.outcome in TERMINAL] == [Outcome.EXECUTED, Outcome.DUPLICATE]
+    assert seen[-1].delivery_count >= 2  # the broker redelivered the message whose ack was lost
+    assert consumer.reconnects >= 1
+    assert set(r.outcome for r in seen) <= {Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.IN_PROGRESS}
+    assert gate.calls == 1
+    await assert_effects(renv, {1: 1250})
+    assert await renv.queue_depth() == 0
