@@ -87,6 +87,10 @@ class _Settle:
         self.reason, self.detail, self.result = reason, detail, result
 
 
+class _ClaimBusy(Exception):
+    """The claim waited on a concurrent claimer of the same key for longer than lock_timeout."""
+
+
 def default_worker_id() -> str:
     """``"<host>:<pid>:<random>"``: the lease owner name of this process."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -255,7 +259,7 @@ class Runtime:
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
                 reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=str(exc),
             )
-        except pg_errors.LockNotAvailable:
+        except _ClaimBusy:
             # Another transaction holds this key's claim past lock_timeout: never run in parallel.
             return _Settle(
                 Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
@@ -270,13 +274,18 @@ class Runtime:
         self, conn: psycopg.AsyncConnection[Any], decoded: _Decoded, envelope: Envelope
     ) -> _Settle:
         identity = decoded.identity
-        claimed, row = await self.ledger.claim(
-            conn,
-            identity,
-            owner=self.worker_id,
-            lease_seconds=self.settings.lease_seconds,
-            message_id=envelope.message_id,
-        )
+        try:
+            claimed, row = await self.ledger.claim(
+                conn,
+                identity,
+                owner=self.worker_id,
+                lease_seconds=self.settings.lease_seconds,
+                message_id=envelope.message_id,
+            )
+        except pg_errors.LockNotAvailable as exc:
+            # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
+            # handler (on a business row) is an ordinary retryable error.
+            raise _ClaimBusy from exc
         recovered = False
         if not claimed:
             if row is None:  # deleted between our two reads: let the redelivery claim afresh
