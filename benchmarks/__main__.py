@@ -1,4 +1,5 @@
 """``python -m benchmarks run [--quick | --smoke] [--out DIR] [--only SCENARIO ...]``
+``python -m benchmarks profile [--variant ck] [--messages N] [--concurrency C]``
 
 Writes ``results.json``, ``REPORT.md`` and PNG charts to ``--out`` (default
 ``benchmarks/results/<mode>``). Needs PostgreSQL on 127.0.0.1:5432, RabbitMQ on 127.0.0.1:5672 and
@@ -28,7 +29,20 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", type=Path, default=None)
     run.add_argument("--only", nargs="+", choices=SCENARIOS, default=None)
     run.add_argument("-v", "--verbose", action="store_true")
+    prof = sub.add_parser("profile", help="py-spy profile of one consumer draining a queue")
+    prof.add_argument("--variant", choices=["ck", "naive", "powertools"], default="ck")
+    prof.add_argument("--messages", type=int, default=8000)
+    prof.add_argument("--concurrency", type=int, default=8)
+    prof.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+
+    if args.command == "profile":
+        from benchmarks import profile
+
+        out = args.out or Path(__file__).resolve().parent / "results" / "profile"
+        out.mkdir(parents=True, exist_ok=True)
+        print(profile.run(args.variant, args.messages, args.concurrency, out))
+        return 0
 
     logging.basicConfig(
         level=logging.INFO if args.verbose or not args.smoke else logging.WARNING,
