@@ -93,7 +93,7 @@ def worker(
 
 @cli.command()
 def demo(
-    log_level: LogLevel = "WARNING",
+    log_level: LogLevel = "ERROR",
 ) -> None:
     """Run the invoices example on the embedded PostgreSQL and the memory broker, with duplicates,
     a conflicting payload, invalid bodies and a crash between COMMIT and ack; print the outcomes."""

@@ -48,21 +48,22 @@ def _command(order_id: int, customer: str, amount: int, **changes: Any) -> bytes
 # (label, body, counts towards the balance); phases run one after another.
 def _phases() -> list[list[tuple[str, bytes, bool]]]:
     return [
-        [("order 1 (crash after COMMIT, before ack)", _command(1, "acme", 1000), True)],
+        [("order 1, crash after COMMIT", _command(1, "acme", 1000), True)],
         [
             ("order 2", _command(2, "acme", 2500), True),
             ("order 3", _command(3, "globex", 4000), True),
             ("order 4", _command(4, "globex", 700), True),
         ],
-        [("order 2 again, concurrently", _command(2, "acme", 2500), False) for _ in range(3)],
+        [("order 5, 3 copies at once", _command(5, "initech", 300), copy == 0) for copy in range(3)],
         [
-            ("order 3 again, new requested_at", _command(3, "globex", 4000, requested_at="2030-01-01T00:00:00Z"), False),
-            ("order 4 again, amount changed", _command(4, "globex", 99999), False),
+            ("order 2 resent", _command(2, "acme", 2500), False),
+            ("order 3, new requested_at", _command(3, "globex", 4000, requested_at="2030-01-01T00:00:00Z"), False),
+            ("order 4, amount changed", _command(4, "globex", 99999), False),
             ("not JSON", b"{this is not json", False),
             ("wrong shape", json.dumps({"order_id": "x"}).encode(), False),
-            ("order 5, negative amount", _command(5, "acme", -10), False),
+            ("order 6, negative amount", _command(6, "acme", -10), False),
         ],
-        [("order 5 again", _command(5, "acme", -10), False)],
+        [("order 6 resent", _command(6, "acme", -10), False)],
     ]
 
 
@@ -80,7 +81,7 @@ async def run_demo(settings: Settings, console: Console | None = None) -> int:
     """Run the demo; returns the process exit code (0: balances and outbox check out)."""
     from adapters.memory import MemoryBroker, MemoryConsumer
 
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 110)
     app = _example_app()
     from examples.invoices.app import create_tables  # importable once _example_app() found it
 

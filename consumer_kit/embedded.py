@@ -9,6 +9,7 @@ permission on every parent directory of that directory.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ def embedded_database_url(data_dir: Path) -> str:
             raise ConfigurationError("pgserver is not installed; set CONSUMER_KIT_DATABASE_URL") from exc
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            server = pgserver.get_server(str(data_dir), cleanup_mode="stop")  # type: ignore[attr-defined]
+            with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR under root
+                warnings.simplefilter("ignore")
+                server = pgserver.get_server(str(data_dir), cleanup_mode="stop")  # type: ignore[attr-defined]
         except Exception as exc:
             raise ConfigurationError(
                 f"embedded PostgreSQL did not start in {data_dir} ({type(exc).__name__}: {exc}); "
