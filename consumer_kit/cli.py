@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
@@ -98,10 +100,22 @@ def demo(
     """Run the invoices example on the embedded PostgreSQL and the memory broker, with duplicates,
     a conflicting payload, invalid bodies and a crash between COMMIT and ack; print the outcomes."""
     _setup_logging(log_level)
-    from consumer_kit.demo import run_demo
-
-    sys.path.insert(0, os.getcwd())
+    run_demo = _load_demo()
     raise typer.Exit(asyncio.run(run_demo(_settings())))
+
+
+def _load_demo() -> Any:
+    """Import ``examples.invoices.demo`` from the current directory or the source checkout."""
+    checkout = Path(__file__).resolve().parents[1]
+    for root in (Path.cwd(), checkout):
+        if (root / "examples" / "invoices" / "demo.py").exists():
+            sys.path.insert(0, str(root))
+            break
+    try:
+        return importlib.import_module("examples.invoices.demo").run_demo
+    except ImportError as exc:
+        typer.echo(f"error: the demo needs the repository's examples/ directory ({exc})", err=True)
+        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -1,5 +1,8 @@
 """``consumer-kit demo``: the invoices example against the embedded PostgreSQL and the memory broker.
 
+It lives with the example (not in ``consumer_kit``) because it wires everything together: the core,
+the memory adapter and the relay; the CLI only loads it by name.
+
 It sends commands in phases (unique ones, duplicates sequential and concurrent, a resend with
 only ``requested_at`` changed, a conflicting amount, invalid bodies, a permanent failure and its
 duplicate, a crash between COMMIT and ack), relays the outbox, then prints every delivery's
@@ -12,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,8 +22,8 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
+from adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit import crashpoints
-from consumer_kit.app import App
 from consumer_kit.broker import Delivery
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.embedded import database_url
@@ -30,6 +32,8 @@ from consumer_kit.ledger import migrate
 from consumer_kit.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
+from examples.invoices.app import app, create_tables
+from outbox_relay.relay import relay_pending
 
 DEMO_SCHEMA = "consumer_kit_demo"
 QUEUE = "invoices.commands"
@@ -67,23 +71,9 @@ def _phases() -> list[list[tuple[str, bytes, bool]]]:
     ]
 
 
-def _example_app() -> App:
-    repo_root = Path(__file__).resolve().parents[1]
-    for candidate in (Path.cwd(), repo_root):
-        if (candidate / "examples" / "invoices" / "app.py").exists() and str(candidate) not in sys.path:
-            sys.path.insert(0, str(candidate))
-    from examples.invoices.app import app
-
-    return app
-
-
 async def run_demo(settings: Settings, console: Console | None = None) -> int:
     """Run the demo; returns the process exit code (0: balances and outbox check out)."""
-    from adapters.memory import MemoryBroker, MemoryConsumer
-
     console = console or Console(width=None if sys.stdout.isatty() else 110)
-    app = _example_app()
-    from examples.invoices.app import create_tables  # importable once _example_app() found it
 
     settings = settings.model_copy(update={"db_schema": DEMO_SCHEMA, "max_deliveries": 3})
     url = database_url(settings)
@@ -134,9 +124,7 @@ async def run_demo(settings: Settings, console: Console | None = None) -> int:
 
 async def _relay(settings: Settings, url: str, broker: Any) -> int:
     """Publish the outbox through the relay onto the memory broker; returns rows published."""
-    from outbox_relay.relay import relay_pending
 
-    from adapters.memory import MemoryPublisher
 
     published: int = await relay_pending(settings.model_copy(update={"database_url": url}), MemoryPublisher(broker))
     return published
