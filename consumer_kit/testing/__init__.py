@@ -11,10 +11,28 @@ your handlers on a throwaway PostgreSQL schema and the memory broker and gives y
 - ``kit.assert_outcomes({"executed": 1, "duplicate": 4})`` and
   ``await kit.assert_one_effect("SELECT count(*) FROM invoices")``.
 
-See ``examples/testing_kit/`` for a test to copy.
+See ``examples/testing_kit/`` for a test to copy. Names are imported lazily so that the plugin,
+which pytest loads in every run, does not pay for the harness.
 """
 
-from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.testing.harness import TERMINAL_OUTCOMES, Harness, Sent
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from consumer_kit.crashpoints import CrashPoint
+    from consumer_kit.testing.harness import TERMINAL_OUTCOMES, Harness, Sent
 
 __all__ = ["TERMINAL_OUTCOMES", "CrashPoint", "Harness", "Sent"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CrashPoint":
+        from consumer_kit.crashpoints import CrashPoint
+
+        return CrashPoint
+    if name in ("TERMINAL_OUTCOMES", "Harness", "Sent"):
+        from consumer_kit.testing import harness
+
+        return getattr(harness, name)
+    raise AttributeError(f"module 'consumer_kit.testing' has no attribute {name!r}")
