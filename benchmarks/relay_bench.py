@@ -58,13 +58,15 @@ class Arrivals:
         channel = await self._conn.channel()
         await channel.set_qos(prefetch_count=2000)
         exchange = await channel.declare_exchange(self.exchange, aio_pika.ExchangeType.TOPIC,
-                                                  durable=True, auto_delete=True)
+                                                  durable=True)
+        self._exchange = exchange
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(exchange, "#")
         await queue.consume(self._on_message, no_ack=True)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        await self._exchange.delete()
         await self._conn.close()
 
     async def _on_message(self, message: Any) -> None:
