@@ -1,0 +1,53 @@
+"""A bounded chaos run in CI (~60-90 s): see tests/chaos/run.py for what it does and checks.
+
+The long run is documented there: ``python -m tests.chaos.run --seed 7 --duration 600``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.rabbitmq]
+
+
+def _missing() -> str | None:
+    if not shutil.which("rabbitmqctl"):
+        return "rabbitmqctl is not on PATH (the chaos run creates a vhost and closes connections with it)"
+    for tool in ("consumer-kit", "outbox-relay"):
+        if not (shutil.which(tool) or Path(sys.executable).with_name(tool).exists()):
+            return f"{tool} is not installed (pip install -e .)"
+    return None
+
+
+def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path) -> None:
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    duration = os.environ.get("CK_CHAOS_DURATION", "45")
+    summary_file = tmp_path / "summary.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.run", "--seed", os.environ.get("CK_CHAOS_SEED", "7"),
+         "--duration", duration, "--rate", "15", "--drain-timeout", "60",
+         "--database-url", database_url, "--broker-url", rabbitmq_url,
+         "--logdir", str(tmp_path / "logs"), "--summary-json", str(summary_file)],
+        cwd=ROOT, capture_output=True, text=True, timeout=float(duration) + 150,
+    )
+    print(result.stdout)
+    assert summary_file.exists(), result.stderr[-3000:]
+    summary = json.loads(summary_file.read_text())
+    assert summary["violations"] == [], summary["violations"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert summary["operations"] > 100
+    assert summary["effects"] == summary["operations"]
+    assert summary["worker_kills"] + summary["relay_kills"] >= 5
+    assert summary["dead_lettered"] == summary["expected_dead_letters"]
+    assert summary["events_received"] == summary["outbox_events"] == summary["operations"]
