@@ -168,6 +168,11 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
         ]
         for r in pg["runs"].values():
             lines.append(f"| {r['shape']} | {r['clients']} | {_f(r['tps'])} |")
+        on8, off8 = pg["runs"].get("ck_c8", {}).get("tps"), pg["runs"].get("ck_nonotify_c8", {}).get("tps")
+        if on8 and off8:
+            lines += ["", f"With the outbox's NOTIFY trigger disabled the same 8-client script runs at "
+                      f"{_f(off8)} tps ({off8 / on8:.1f}×): PostgreSQL serialises the commits of "
+                      "transactions that issued NOTIFY."]
         ck8 = _median(idem, "8", "ck")
         pg8 = pg["runs"].get("ck_c8", {}).get("tps")
         if ck8 and pg8:
@@ -203,8 +208,11 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             f"| consumer-kit | {crash['ck']['applied_more_than_once']} | {crash['ck']['lost']} | "
             f"ledger states {crash['ck'].get('ledger')} |",
             f"| Powertools+Redis | {crash['powertools']['applied_more_than_once']} | "
-            f"{crash['powertools']['lost']} | {crash['powertools'].get('stuck_inprogress')} records left "
-            "INPROGRESS (blocked until `expires_after_seconds`, 3600 s; re-executed after it) |",
+            f"{crash['powertools']['lost']} | {crash['powertools'].get('stuck_inprogress')} Redis records "
+            "left INPROGRESS (no Lambda context, so no in-progress expiry: blocked for "
+            "`expires_after_seconds`, 3600 s); "
+            f"{crash['powertools'].get('stuck_with_effect_committed', 'n/a')} of them belong to operations "
+            "whose effect did commit, so they will be applied a second time when the record expires |",
             "",
         ]
     for name, sc in s.items():
@@ -214,6 +222,11 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
         lines += ["## Charts", ""] + [f"![{c}]({c})" for c in charts] + [""]
     lines += ["## Time per scenario (s)", "", ", ".join(f"{k}: {v}" for k, v in
                                                        results.get("timings_s", {}).items()), ""]
+    load = results.get("load_average_1min")
+    if load:
+        lines += ["1-minute load average before the run and after each scenario (2 CPUs; anything "
+                  "well above the benchmark's own ~2 means other work shared the machine): "
+                  + ", ".join(f"{k}: {v}" for k, v in load.items()), ""]
     return lines
 
 
