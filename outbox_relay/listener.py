@@ -15,7 +15,9 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+
+from outbox_relay.reconnect import close_quietly, log_retry
 
 logger = logging.getLogger("outbox_relay.listener")
 
@@ -74,7 +76,7 @@ class NotifyListener:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(psycopg.OperationalError),
                 wait=wait_exponential(multiplier=0.2, max=self._max_backoff),
-                before_sleep=self._log_retry,
+                before_sleep=log_retry("LISTEN connect"),
             )
             async for attempt in retrying:
                 with attempt:
@@ -89,7 +91,7 @@ class NotifyListener:
                 logger.warning("LISTEN connection lost (%s); reconnecting", type(exc).__name__)
             finally:
                 self._connected.clear()
-                await _close_quietly(conn)
+                await close_quietly(conn)
 
     async def _connect(self) -> AsyncConnection[Any]:
         conn = await AsyncConnection.connect(self._url, autocommit=True, connect_timeout=10)
@@ -102,19 +104,3 @@ class NotifyListener:
         async for _ in conn.notifies():
             self.notifications += 1
             self._wake()
-
-    @staticmethod
-    def _log_retry(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        logger.warning(
-            "LISTEN connect failed (%s); retry %s in %.1f s",
-            type(exc).__name__, state.attempt_number,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
-
-
-async def _close_quietly(conn: AsyncConnection[Any]) -> None:
-    try:
-        await conn.close()
-    except Exception:  # noqa: BLE001 - the connection is going away either way
-        pass

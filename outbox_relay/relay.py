@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from opentelemetry import propagate, trace
 from psycopg import AsyncConnection, sql
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from consumer_kit import crashpoints
 from consumer_kit.broker import OutgoingMessage, Publisher
@@ -42,6 +42,7 @@ from consumer_kit.settings import Settings
 from outbox_relay.counters import RelayCounters
 from outbox_relay.health import Health
 from outbox_relay.listener import NotifyListener
+from outbox_relay.reconnect import close_quietly, log_retry
 from outbox_relay.routing import Routing, UnknownDestination
 from outbox_relay.settings import RelaySettings
 from outbox_relay.store import ClaimedRow, Failure, OutboxStore
@@ -162,7 +163,7 @@ class Relay:
             self._listener = None
         await self.health.close()
         if self._conn is not None:
-            await _close_quietly(self._conn)
+            await close_quietly(self._conn)
             self._conn = None
         if self._owns_publisher and self._publisher is not None:
             try:
@@ -385,7 +386,7 @@ class Relay:
             self.counters.add("db_errors")
             logger.warning("database connection lost (%s); reconnecting", type(exc).__name__)
             if self._conn is not None:
-                await _close_quietly(self._conn)
+                await close_quietly(self._conn)
                 self._conn = None
 
     async def _connection(self) -> AsyncConnection[Any]:
@@ -403,7 +404,7 @@ class Relay:
             wait=wait_exponential(multiplier=0.2, max=10.0),
             stop=lambda _state: self._stop.is_set(),
             sleep=self._sleep_unless_stopped,
-            before_sleep=_log_connect_retry,
+            before_sleep=log_retry("database connect"),
             reraise=True,
         )
         async for attempt in retrying:
@@ -449,19 +450,3 @@ async def relay_pending(settings: Settings, publisher: Publisher) -> int:
     relay = Relay(relay_settings, publisher=publisher)
     await relay.run(once=True)
     return relay.counters["published"]
-
-
-def _log_connect_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    logger.warning(
-        "database connect failed (%s); retry %s in %.1f s",
-        type(exc).__name__, state.attempt_number,
-        state.next_action.sleep if state.next_action else 0.0,
-    )
-
-
-async def _close_quietly(conn: AsyncConnection[Any]) -> None:
-    try:
-        await conn.close()
-    except Exception:  # noqa: BLE001 - the connection is going away either way
-        pass
