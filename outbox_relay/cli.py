@@ -206,14 +206,7 @@ def cleanup(
 
 
 def _store(settings: RelaySettings) -> OutboxStore:
-    return OutboxStore(
-        settings.db_schema,
-        relay_id=settings.relay_id,
-        max_attempts=settings.relay_max_attempts,
-        claim_timeout=settings.relay_claim_timeout,
-        backoff_base=settings.relay_backoff_base,
-        backoff_max=settings.relay_backoff_max,
-    )
+    return OutboxStore.from_settings(settings)
 
 
 async def _connect(settings: RelaySettings) -> psycopg.AsyncConnection[Any]:

@@ -79,14 +79,7 @@ class Relay:
         self.relay_id = settings.relay_id
         self.counters = RelayCounters()
         self.routing = routing or Routing.from_settings(settings)
-        self.store = OutboxStore(
-            settings.db_schema,
-            relay_id=settings.relay_id,
-            max_attempts=settings.relay_max_attempts,
-            claim_timeout=settings.relay_claim_timeout,
-            backoff_base=settings.relay_backoff_base,
-            backoff_max=settings.relay_backoff_max,
-        )
+        self.store = OutboxStore.from_settings(settings)
         self.health = Health(
             stale_after=settings.relay_poll_interval + settings.relay_claim_timeout + 5.0,
             file=settings.relay_health_file,

@@ -25,9 +25,12 @@ import datetime as dt
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection, sql
+
+if TYPE_CHECKING:
+    from outbox_relay.settings import RelaySettings
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,18 @@ class OutboxStore:
         backoff_base: first retry delay (seconds); doubles per failed attempt.
         backoff_max: longest retry delay (seconds).
     """
+
+    @classmethod
+    def from_settings(cls, settings: RelaySettings) -> OutboxStore:
+        """The store for ``settings``' schema, relay id, attempts, lease and backoff."""
+        return cls(
+            settings.db_schema,
+            relay_id=settings.relay_id,
+            max_attempts=settings.relay_max_attempts,
+            claim_timeout=settings.relay_claim_timeout,
+            backoff_base=settings.relay_backoff_base,
+            backoff_max=settings.relay_backoff_max,
+        )
 
     def __init__(
         self,
