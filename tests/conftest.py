@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
+
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
 

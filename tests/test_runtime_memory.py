@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 
@@ -19,7 +18,7 @@ QUEUE = "invoices.commands"
 def command(order_id: int = 418, amount: int = 1250, **extra: object) -> bytes:
     body = {
         "order_id": order_id, "revision": 2, "customer_id": "c-1", "amount_cents": amount,
-        "currency": "EUR", "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "currency": "EUR", "requested_at": dt.datetime.now(dt.UTC).isoformat(),
     }
     body.update(extra)
     return json.dumps(body).encode()

@@ -37,8 +37,8 @@ from consumer_kit import App, Context, DeliveryReport, Outcome, Result
 from consumer_kit.identity import OperationIdentity, fingerprint
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
+from tests.broker_env import Env, command
 from tests.harness import throwaway_schema
-from tests.test_end_to_end_rabbitmq import Env, command
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

@@ -14,7 +14,7 @@ import pytest
 
 from consumer_kit import App, Context, Handler, Outcome
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
-from tests.test_end_to_end_rabbitmq import Env, command, env  # noqa: F401 - fixture
+from tests.broker_env import Env, command
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
