@@ -13,7 +13,8 @@ What happens (issue 4):
   terminates the run's PostgreSQL backends (``pg_terminate_backend``) and closes the run's
   RabbitMQ connections (``rabbitmqctl close_connection``);
 * then it stops the chaos, waits for the system to drain and checks: exactly one effect per
-  operation, every conflicting copy dead-lettered as ``payload_conflict`` and nothing else
+  operation, every conflicting copy dead-lettered as ``payload_conflict`` (once per message id:
+  dead-lettering is at least once) and nothing else
   dead-lettered, every ledger row terminal, no message left ready or unacked, every outbox event
   published at least once with its event id as the message id, balances equal to the winners' sum.
 
@@ -69,6 +70,7 @@ class Summary:
     connection_closes: int = 0
     effects: int = 0
     dead_lettered: int = 0
+    duplicate_dead_letters: int = 0
     expected_dead_letters: int = 0
     outbox_events: int = 0
     events_received: int = 0
@@ -108,7 +110,8 @@ class Chaos:
         # op key -> amounts of its copies, in send order
         self.copies: dict[str, list[int]] = {}
         self.received_ids: Counter[str] = Counter()
-        self.dead: list[tuple[str, str]] = []  # (operation key, reason)
+        self.dead: dict[str, tuple[str, str]] = {}  # message id -> (operation key, reason)
+        self.dead_copies = 0
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -329,7 +332,12 @@ class Chaos:
             if message is None:
                 break
             headers = message.headers or {}
-            self.dead.append((str(headers.get("operation-id")), str(headers.get("x-dead-letter-reason"))))
+            # Dead-lettering is at least once: a worker killed between the DLQ copy's confirm and
+            # the original's ack dead-letters the redelivery again (same message id).
+            self.dead_copies += 1
+            self.dead[message.message_id or f"<none-{self.dead_copies}>"] = (
+                str(headers.get("operation-id")), str(headers.get("x-dead-letter-reason"))
+            )
         await channel.close()
 
     async def verify(self) -> None:
@@ -374,10 +382,11 @@ class Chaos:
         expected_dead = +expected_dead
         s.expected_dead_letters = sum(expected_dead.values())
         s.dead_lettered = len(self.dead)
-        reasons = Counter(reason for _, reason in self.dead)
+        s.duplicate_dead_letters = self.dead_copies - len(self.dead)
+        reasons = Counter(reason for _, reason in self.dead.values())
         if set(reasons) - {"payload_conflict"}:
             v.append(f"unexpected dead-letter reasons: {dict(reasons)}")
-        got_dead = Counter(op for op, reason in self.dead if reason == "payload_conflict")
+        got_dead = Counter(op for op, reason in self.dead.values() if reason == "payload_conflict")
         if got_dead != expected_dead:
             diff = {op: (got_dead[op], expected_dead[op]) for op in set(got_dead) | set(expected_dead)
                     if got_dead[op] != expected_dead[op]}
