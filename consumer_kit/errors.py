@@ -63,5 +63,6 @@ class DeadLetterReason(enum.StrEnum):
     INVALID_HEADER = "invalid_header"
     UNKNOWN_MESSAGE_TYPE = "unknown_message_type"
     PAYLOAD_CONFLICT = "payload_conflict"
+    INVALID_DATA = "invalid_data"  # PostgreSQL cannot store a value (NUL in text, out of range)
     MAX_DELIVERIES = "max_deliveries_exceeded"
     NEEDS_RECONCILIATION = "needs_reconciliation"

@@ -143,6 +143,14 @@ class Runtime:
             except asyncio.CancelledError:
                 await self._settle(delivery, _Settle(Outcome.RETRIED, Settlement.RELEASED))
                 raise
+            except psycopg.DataError as exc:
+                # The same values fail the same way on every delivery (SQLSTATE class 22): retrying
+                # cannot help, so dead-letter now rather than after max_deliveries.
+                decision = _Settle(
+                    Outcome.INVALID, Settlement.DEAD_LETTER,
+                    reason=f"{DeadLetterReason.INVALID_DATA.value}:{type(exc).__name__}",
+                    detail=f"SQLSTATE {exc.sqlstate}" if exc.sqlstate else type(exc).__name__,
+                )
             except Exception as exc:  # noqa: BLE001 - step 8: anything else is retryable
                 decision = self._retry_or_dead_letter(delivery, exc)
             span.set_attribute("consumer_kit.outcome", decision.outcome.value)

@@ -15,8 +15,8 @@ Documented acceptances (not bugs):
 * an operation key or header holding SQL or quotes is just text (parameters, never formatted);
 * a key in NFD and the same key in NFC are one key (keys are NFC-normalised);
 * a payload PostgreSQL cannot store (NUL in text, an integer beyond bigint) fails in the handler's
-  INSERT with a ``DataError``; the runtime treats it as retryable, so it is dead-lettered after
-  ``max_deliveries`` with reason ``max_deliveries_exceeded:<error class>``.
+  INSERT with a ``DataError``; the same values fail the same way every time, so the runtime
+  dead-letters it at once with reason ``invalid_data:<error class>``.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ CASES: list[Case] = [
     one("fractional_int", j({"customer": "c-1", "amount": 10.5}), "dead:schema_mismatch"),
     one("nan_amount", b'{"customer": "c-1", "amount": NaN}', "dead:schema_mismatch"),
     one("bigint_overflow", j({"customer": "c-1", "amount": 10**30}),
-        "dead:max_deliveries_exceeded:NumericValueOutOfRange"),
-    one("nul_in_text_field", j({"customer": "a\x00b", "amount": 1}), "dead:max_deliveries_exceeded:DataError"),
+        "dead:invalid_data:NumericValueOutOfRange"),
+    one("nul_in_text_field", j({"customer": "a\x00b", "amount": 1}), "dead:invalid_data:DataError"),
     # -- same intent written differently: documented acceptance as duplicates -----------------
     after_good("number_10_point_0", j({**GOOD, "amount": 10.0}), "duplicate"),
     after_good("number_as_string", j({**GOOD, "amount": "10"}), "duplicate"),
