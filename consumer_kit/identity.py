@@ -115,12 +115,13 @@ def _emit(value: Any, out: list[str]) -> None:
     elif isinstance(value, BaseModel):
         _emit(value.model_dump(mode="python"), out)
     elif isinstance(value, Mapping):
-        # Sort by the NFC key; two keys equal after NFC are ordered by their canonical value
-        # (comparing the raw values would raise TypeError for dicts).
-        items = sorted(
-            ((unicodedata.normalize("NFC", str(k)), v) for k, v in value.items()),
-            key=lambda kv: (kv[0], canonical_json(kv[1])),
-        )
+        items = [(unicodedata.normalize("NFC", str(k)), v) for k, v in value.items()]
+        if len({k for k, _ in items}) == len(items):
+            items.sort(key=lambda kv: kv[0])
+        else:
+            # Two keys equal after NFC: order them by their canonical value (comparing the raw
+            # values would raise TypeError for dicts). Rare, so the common path skips it.
+            items.sort(key=lambda kv: (kv[0], canonical_json(kv[1])))
         out.append("{")
         for i, (k, v) in enumerate(items):
             if i:
