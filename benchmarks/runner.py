@@ -237,32 +237,41 @@ def explain_claim(db_url: str, schema: str) -> str:
 
 
 def scenario_ledger(mode: Mode, db_url: str) -> dict[str, Any]:
-    """Throughput of consumer-kit at concurrency 8 as the ledger grows (3)."""
-    schema = new_name()
-    common.create_schema(db_url, schema)
+    """Throughput of consumer-kit at concurrency 8 as the ledger grows (3).
+
+    Two schemas: ``empty`` (only the benchmark's own rows) and ``filled`` (pre-filled by COPY to
+    each size in turn). Every round measures both back to back, alternating which goes first, so
+    the ratio compares runs made seconds apart."""
+    empty, filled = new_name(), new_name()
+    common.create_schema(db_url, empty)
+    common.create_schema(db_url, filled)
     ids = OrderIds()
-    out: dict[str, Any] = {"sizes": {}, "concurrency": 8}
+    out: dict[str, Any] = {"sizes": {}, "concurrency": 8, "prefill_seconds": {}}
     loaded = 0
     try:
-        for size in mode.ledger_sizes:
-            if size > loaded:
-                seconds = prefill_ledger(db_url, schema, loaded, size - loaded)
-                logger.info("ledger pre-filled to %s rows in %.1f s", size, seconds)
-                loaded = size
-            rates = []
-            for _ in range(mode.rounds):
-                res = measure("ck", ids.take(mode.messages), 8, schema=schema)
-                if res.get("rate"):
-                    rates.append(res["rate"])
-            out["sizes"][str(size)] = summarize(rates)
-        base = out["sizes"][str(mode.ledger_sizes[0])]["values"]
-        for size in mode.ledger_sizes[1:]:
-            vals = out["sizes"][str(size)]["values"]
-            out["sizes"][str(size)]["ratio_to_empty"] = paired_ratio(vals, base[: len(vals)])
-        out["explain_claim"] = explain_claim(db_url, schema)
+        for size in [s for s in mode.ledger_sizes if s > 0]:
+            out["prefill_seconds"][str(size)] = round(prefill_ledger(db_url, filled, loaded, size - loaded), 1)
+            logger.info("ledger pre-filled to %s rows in %.1f s", size, out["prefill_seconds"][str(size)])
+            loaded = size
+            rates: dict[str, list[float]] = {"empty": [], "filled": []}
+            for r in range(mode.rounds):
+                pair: dict[str, float | None] = {}
+                for which in (("empty", "filled") if r % 2 == 0 else ("filled", "empty")):
+                    res = measure("ck", ids.take(mode.messages), 8, schema=empty if which == "empty" else filled)
+                    pair[which] = res.get("rate")
+                if pair["empty"] and pair["filled"]:
+                    rates["empty"].append(pair["empty"])
+                    rates["filled"].append(pair["filled"])
+            out["sizes"][str(size)] = {
+                "empty": summarize(rates["empty"]),
+                "filled": summarize(rates["filled"]),
+                "ratio_to_empty": paired_ratio(rates["filled"], rates["empty"]),
+            }
+        out["explain_claim"] = explain_claim(db_url, filled)
         out["index_bound"] = "Seq Scan" not in out["explain_claim"]
     finally:
-        drop_schema(db_url, schema)
+        drop_schema(db_url, empty)
+        drop_schema(db_url, filled)
     return out
 
 
