@@ -67,13 +67,13 @@ MODES = {
                          "smoke: ledger pre-filled with 10,000 rows only; relay scenario skipped"]),
     "quick": Mode("quick", messages=2500, rounds=3, concurrencies=[1, 8, 32],
                   ledger_sizes=[0, 1_000_000, 10_000_000], pgbench_seconds=5, memory_messages=20_000,
-                  crash_messages=1500, crash_kills=4, relay_events=3000, relay_rate=500,
+                  crash_messages=1500, crash_kills=6, relay_events=3000, relay_rate=500,
                   relay_seconds=3,
                   notes=["quick: memory steady state over 20,000 messages (100,000 in the full run)",
                          "quick: relay backlog of 3,000 events; no 10,000,000-row outbox pre-fill"]),
     "full": Mode("full", messages=10_000, rounds=5, concurrencies=[1, 8, 32],
                  ledger_sizes=[0, 1_000_000, 10_000_000], pgbench_seconds=15,
-                 memory_messages=100_000, crash_messages=5000, crash_kills=10, relay_events=10_000,
+                 memory_messages=100_000, crash_messages=5000, crash_kills=12, relay_events=10_000,
                  relay_rate=1000, relay_seconds=5),
 }
 
@@ -448,15 +448,22 @@ def _crash_one(variant: str, mode: Mode, db_url: str, rng: random.Random) -> dic
         asyncio.run(declare_and_fill(queue, (message_body(i) for i in range(1, n + 1))))
         cmd = [sys.executable, "-m", "benchmarks.consumers", variant, "--queue", queue,
                "--schema", schema, "--concurrency", "8", "--expect", "0", "--timeout", "600"]
-        # Kill while the backlog is being processed: expected run time is n / ~800 msg/s.
-        window = max(1.5, n / 800.0)
+        # Kill while the backlog is being processed: each process is SIGKILLed once it has applied
+        # a random 4-12% of the operations since it started (plus 0-50 ms), so every kill lands
+        # mid-drain with deliveries in flight, whatever the machine's speed.
         for _ in range(mode.crash_kills):
             proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
-            time.sleep(1.2 + rng.uniform(0.1, window / mode.crash_kills))  # start-up is ~1 s
+            base = _applied(db_url, schema)
+            goal = base + max(1, int(n * rng.uniform(0.04, 0.12)))
+            until = time.monotonic() + 30
+            while _applied(db_url, schema) < goal and time.monotonic() < until:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.05))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
+        before = effect_counts(db_url, schema)  # evidence that the kills landed mid-drain
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + max(30.0, n / 100.0)
@@ -477,6 +484,7 @@ def _crash_one(variant: str, mode: Mode, db_url: str, rng: random.Random) -> dic
         applied = counts["once"] + counts["more_than_once"]
         result: dict[str, Any] = {
             "kills": kills,
+            "applied_before_final_run": before["once"] + before["more_than_once"],
             "applied_more_than_once": counts["more_than_once"],
             "lost": n - applied,
             "drain_timeout_s": round(max(30.0, n / 100.0)),
@@ -497,6 +505,11 @@ def _crash_one(variant: str, mode: Mode, db_url: str, rng: random.Random) -> dic
             delete_redis_keys(schema)
         drop_schema(db_url, schema)
         asyncio.run(delete_queues(queue))
+
+
+def _applied(db_url: str, schema: str) -> int:
+    counts = effect_counts(db_url, schema)
+    return counts["once"] + counts["more_than_once"]
 
 
 def _powertools_stuck(prefix: str) -> int:
