@@ -56,6 +56,7 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
+    retry_if_not_exception_type,
     stop_after_delay,
     wait_exponential,
 )
@@ -69,8 +70,21 @@ from consumer_kit.broker import (
     PublishError,
     settle_quietly,
 )
+from consumer_kit.settings import redact_url
 
 logger = logging.getLogger(__name__)
+
+# Connection errors that retrying cannot fix (credentials, permissions, missing vhost).
+_REFUSED = (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAuthenticationError,
+            aiormq.exceptions.ConnectionNotAllowed)
+
+
+def _describe(exc: BaseException | None) -> str:
+    """``"ErrorClass: first line"`` of an exception, for one-line logs and errors."""
+    if exc is None:
+        return "unknown error"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 
 DELIVERIES_HEADER = "x-consumer-kit-deliveries"
 """Header on a republished copy: how many deliveries the message had before this copy."""
@@ -465,15 +479,27 @@ class RabbitMQConsumer(Consumer):
             async for attempt in AsyncRetrying(
                 wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
                 stop=stop_after_delay(self._reconnect_timeout),
-                retry=retry_if_exception_type(Exception),
+                # Wrong credentials or vhost will not fix themselves: fail at once.
+                retry=retry_if_not_exception_type(_REFUSED),
+                before_sleep=self._log_connect_retry,
                 reraise=True,
             ):
                 with attempt:
                     await self._connect()
         except Exception as exc:
-            raise ConnectionError(f"cannot connect to RabbitMQ: {type(exc).__name__}") from exc
+            raise ConnectionError(
+                f"cannot connect to RabbitMQ at {redact_url(self._url)}: {_describe(exc)}"
+            ) from exc
         assert self._connection is not None
         return self._connection
+
+    def _log_connect_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        logger.warning(
+            "cannot connect to RabbitMQ at %s (%s); retry %s in %.1f s",
+            redact_url(self._url), _describe(exc), state.attempt_number,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
 
     async def _connect(self) -> None:
         await self._drop_connection()

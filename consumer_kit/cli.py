@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,8 +14,8 @@ import psycopg
 import typer
 
 from consumer_kit.app import load_app
+from consumer_kit.console import fail, require_shared_broker, setup_logging, user_errors
 from consumer_kit.embedded import database_url
-from consumer_kit.errors import ConfigurationError
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import Settings
 
@@ -23,25 +23,35 @@ cli = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Idempotent message consumers: one business effect per operation.",
+    help="Idempotent message consumers: one business effect per operation.\n\n"
+    "Configuration comes from CONSUMER_KIT_* environment variables: CONSUMER_KIT_DATABASE_URL "
+    "(unset: an embedded PostgreSQL under .consumer-kit/pgdata) and CONSUMER_KIT_BROKER_URL "
+    "(amqp://...; memory:// works only inside one process). See README.md for the rest.",
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"consumer-kit {version('consumer-kit')}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _root(
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit")
+    ] = False,
+) -> None:
+    """Idempotent message consumers: one business effect per operation."""
+
 LogLevel = Annotated[str, typer.Option("--log-level", envvar="CONSUMER_KIT_LOG_LEVEL", help="DEBUG, INFO, WARNING")]
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
-        stream=sys.stderr,
-    )
 
 
 def _settings(**overrides: Any) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except Exception as exc:  # pydantic ValidationError: show it plainly
-        raise typer.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # pydantic ValidationError: show it plainly
+        fail(f"invalid setting: {exc}")
 
 
 @cli.command()
@@ -50,14 +60,15 @@ def migrate(
     log_level: LogLevel = "INFO",
 ) -> None:
     """Create or upgrade the ledger and outbox tables (idempotent; safe to run concurrently)."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(db_schema=schema)
 
     async def run() -> list[int]:
         async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
             return await migrate_schema(conn, settings.db_schema)
 
-    applied = asyncio.run(run())
+    with user_errors(settings):
+        applied = asyncio.run(run())
     if applied:
         typer.echo(f"schema {settings.db_schema}: applied migrations {', '.join(map(str, applied))}")
     else:
@@ -73,10 +84,11 @@ def worker(
     log_level: LogLevel = "INFO",
 ) -> None:
     """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0)."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(concurrency=concurrency)
     sys.path.insert(0, os.getcwd())  # like uvicorn: APP may live in the current directory
-    try:
+    with user_errors(settings):
+        require_shared_broker(settings, "consumer-kit worker")
         if processes > 1:
             from consumer_kit.supervisor import Supervisor, child_environment, worker_command
 
@@ -88,18 +100,18 @@ def worker(
         from consumer_kit.worker import Worker
 
         asyncio.run(Worker(load_app(app), settings, migrate_schema=migrate_first).run())
-    except ConfigurationError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
 
 
 @cli.command()
 def demo(
     log_level: LogLevel = "ERROR",
 ) -> None:
-    """Run the invoices example on the embedded PostgreSQL and the memory broker, with duplicates,
-    a conflicting payload, invalid bodies and a crash between COMMIT and ack; print the outcomes."""
-    _setup_logging(log_level)
+    """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
+
+    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
+    in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
+    Exit code 0 when every balance equals the sum of the unique commands."""
+    setup_logging(log_level)
     run_demo = _load_demo()
     raise typer.Exit(asyncio.run(run_demo(_settings())))
 

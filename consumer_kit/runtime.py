@@ -40,6 +40,7 @@ from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER, Envelope
 from consumer_kit.errors import (
+    ConfigurationError,
     DeadLetterReason,
     InvalidMessage,
     PermanentFailure,
@@ -50,7 +51,7 @@ from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, fing
 from consumer_kit.ledger import Ledger, OperationRow
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
-from consumer_kit.settings import Settings
+from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry import Counters, record, tracer
 
 logger = logging.getLogger("consumer_kit.runtime")
@@ -465,7 +466,12 @@ async def open_pool(
     ``lock_timeout`` bounds how long a claim waits on a concurrent claimer of the same key (and any
     lock the handler waits on): past it the delivery is retried as ``in_progress``. ``search_path``
     (e.g. ``"app,public"``) sets where the handlers' unqualified table names resolve.
+
+    Raises:
+        ConfigurationError: PostgreSQL cannot be reached or refuses the URL (checked with one
+            connection first, so a wrong URL fails at once instead of after the pool's timeout).
     """
+    await _probe(database_url)
     lock_ms = int(settings.lock_timeout * 1000)
     options = f"-c lock_timeout={lock_ms}"
     if search_path:
@@ -480,3 +486,12 @@ async def open_pool(
     )
     await pool.open(wait=True, timeout=30)
     return pool
+
+
+async def _probe(database_url: str) -> None:
+    try:
+        conn = await psycopg.AsyncConnection.connect(database_url, connect_timeout=10)
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigurationError(f"cannot connect to PostgreSQL at {redact_url(database_url)}: {reason}") from None
+    await conn.close()

@@ -23,7 +23,7 @@ from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.ledger import migrate, schema_ready
 from consumer_kit.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime, open_pool
-from consumer_kit.settings import Settings
+from consumer_kit.settings import Settings, redact_url
 
 logger = logging.getLogger("consumer_kit.worker")
 
@@ -84,8 +84,9 @@ class Worker:
                     await consumer.subscribe(queue, self._on_delivery, prefetch=self.settings.concurrency)
                 self._install_signal_handlers()
                 logger.info(
-                    "worker %s consuming %s with concurrency %s",
+                    "worker %s consuming %s with concurrency %s (broker %s, schema %s)",
                     self.runtime.worker_id, ", ".join(self.app.queues), self.settings.concurrency,
+                    redact_url(self.settings.broker_url), self.settings.db_schema,
                 )
                 self.started.set()
                 await self._stop.wait()

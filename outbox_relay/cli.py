@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
-import sys
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,8 +23,8 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
+from consumer_kit.console import fail, require_shared_broker, setup_logging, user_errors
 from consumer_kit.embedded import database_url
-from consumer_kit.errors import ConfigurationError
 from outbox_relay.relay import Relay
 from outbox_relay.settings import RelaySettings
 from outbox_relay.store import OutboxStore
@@ -46,20 +44,11 @@ MaxAttempts = Annotated[
 ]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def _settings(**overrides: Any) -> RelaySettings:
     try:
         return RelaySettings(**{k: v for k, v in overrides.items() if v is not None})
-    except Exception as exc:  # pydantic ValidationError: show it plainly
-        typer.echo(f"configuration error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    except ValueError as exc:  # pydantic ValidationError: show it plainly
+        fail(f"invalid setting: {exc}")
 
 
 @app.callback(invoke_without_command=True)
@@ -86,7 +75,7 @@ def run(
     """Relay outbox rows to the broker until SIGTERM (or once, with --once)."""
     if ctx.invoked_subcommand is not None:
         return
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(
         db_schema=schema,
         relay_batch_size=batch_size,
@@ -100,11 +89,9 @@ def run(
         relay_health_port=health_port,
         relay_id=relay_id,
     )
-    try:
+    with user_errors(settings):
+        require_shared_broker(settings, "outbox-relay")
         asyncio.run(_run(settings, once=once))
-    except ConfigurationError as exc:
-        typer.echo(f"configuration error: {exc}", err=True)
-        raise typer.Exit(2) from exc
 
 
 async def _run(settings: RelaySettings, *, once: bool) -> None:
@@ -125,7 +112,7 @@ def status(
     log_level: LogLevel = "WARNING",
 ) -> None:
     """Print pending, retrying, claimed, parked, oldest pending age and published per minute."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
 
     async def read() -> tuple[Any, Any]:
@@ -133,7 +120,8 @@ def status(
         async with await _connect(settings) as conn:
             return await store.status(conn), await store.parked(conn)
 
-    counts, parked = asyncio.run(read())
+    with user_errors(settings):
+        counts, parked = asyncio.run(read())
     if as_json:
         typer.echo(json.dumps({
             **counts.__dict__,
@@ -171,14 +159,16 @@ def requeue(
     log_level: LogLevel = "WARNING",
 ) -> None:
     """Make parked rows claimable again (attempts reset to 0; last_error kept)."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
 
     async def go() -> int:
         async with await _connect(settings) as conn:
             return await _store(settings).requeue_parked(conn, event_id or None)
 
-    typer.echo(f"requeued {asyncio.run(go())} parked rows")
+    with user_errors(settings):
+        requeued = asyncio.run(go())
+    typer.echo(f"requeued {requeued} parked rows")
 
 
 @app.command()
@@ -188,7 +178,7 @@ def cleanup(
     log_level: LogLevel = "WARNING",
 ) -> None:
     """Delete published rows older than the retention, in bounded batches."""
-    _setup_logging(log_level)
+    setup_logging(log_level)
     settings = _settings(db_schema=schema, relay_retention=retention)
 
     async def go() -> int:
@@ -202,7 +192,9 @@ def cleanup(
                 if n < settings.relay_cleanup_batch:
                     return total
 
-    typer.echo(f"deleted {asyncio.run(go())} published rows")
+    with user_errors(settings):
+        deleted = asyncio.run(go())
+    typer.echo(f"deleted {deleted} published rows")
 
 
 def _store(settings: RelaySettings) -> OutboxStore:

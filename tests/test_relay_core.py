@@ -297,12 +297,13 @@ async def test_destination_map_routes_and_rejects_unknown_destinations(database_
             await relay_pending(settings, MemoryPublisher(broker))
         assert broker.published == []
 
-        # The CLI says the same and exits 2 (env map, JSON).
+        # The CLI says the same and exits 2 (env map, JSON), before it ever connects to the
+        # broker (port 1: nothing listens there).
         result = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "outbox_relay.cli", "--once", "--schema", schema],
             env={**os.environ, "CONSUMER_KIT_DATABASE_URL": database_url,
-                 "CONSUMER_KIT_BROKER_URL": MEMORY, "PYTHONPATH": str(ROOT),
+                 "CONSUMER_KIT_BROKER_URL": "amqp://guest:guest@127.0.0.1:1/", "PYTHONPATH": str(ROOT),
                  "CONSUMER_KIT_RELAY_DESTINATIONS": json.dumps({"orders": {"exchange": "x"}})},
             capture_output=True, text=True, timeout=60,
         )
