@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import typing
 import uuid
 from collections.abc import Mapping
@@ -144,6 +145,8 @@ class Handler(Generic[M]):
             raise ConfigurationError(
                 f"{type(self).__name__} must subclass Handler[YourModel] with a pydantic model"
             )
+        if not inspect.iscoroutinefunction(type(self).handle):
+            raise ConfigurationError(f"{type(self).__name__}.handle must be `async def`")
 
     def operation_key(self, message: M, envelope: Envelope) -> str | None:
         """The stable operation key. Default: header ``operation-id``, else (opt-in) the broker

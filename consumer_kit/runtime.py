@@ -52,7 +52,7 @@ from consumer_kit.ledger import Ledger, OperationRow
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings, redact_url
-from consumer_kit.telemetry import Counters, record, tracer
+from consumer_kit.telemetry import Counters, describe_error, record, tracer
 
 logger = logging.getLogger("consumer_kit.runtime")
 
@@ -373,16 +373,22 @@ class Runtime:
 
     def _retry_or_dead_letter(self, delivery: Delivery, exc: Exception) -> _Settle:
         error_class = type(exc).__name__
-        if delivery.delivery_count >= self.settings.max_deliveries:
+        described = describe_error(exc)
+        last = delivery.delivery_count >= self.settings.max_deliveries
+        logger.log(
+            logging.ERROR if last else logging.WARNING,
+            "handler error %s on queue=%s message_id=%s delivery_count=%s: %s",
+            described, delivery.queue, delivery.message_id, delivery.delivery_count,
+            "dead-lettering" if last else "rolled back, will retry",
+        )
+        # The exception's own text can quote business values, so the full traceback is DEBUG only.
+        logger.debug("handler error traceback message_id=%s", delivery.message_id, exc_info=exc)
+        if last:
             return _Settle(
                 Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
                 reason=f"{DeadLetterReason.MAX_DELIVERIES.value}:{error_class}",
-                detail=f"{error_class} on delivery {delivery.delivery_count} of {self.settings.max_deliveries}",
+                detail=f"{described} on delivery {delivery.delivery_count} of {self.settings.max_deliveries}",
             )
-        logger.info(
-            "retryable error %s on queue=%s message_id=%s delivery_count=%s",
-            error_class, delivery.queue, delivery.message_id, delivery.delivery_count,
-        )
         return _Settle(
             Outcome.RETRIED, Settlement.RETRY,
             delay=self.settings.retry_delay(delivery.delivery_count), reason=error_class,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import traceback
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -68,3 +70,24 @@ def record(report: DeliveryReport, counters: Counters, operation_type: str | Non
             report.reason,
             report.duration_seconds * 1000,
         )
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line description of a handler error that names no business values.
+
+    PostgreSQL errors give their SQLSTATE and primary message, which names objects (tables,
+    constraints) but not row values (those are in the detail, left out); other errors give their
+    class and where they were raised (``file:line in function``), not their message.
+    Shape: ``"UndefinedTable [42P01] relation \"invoices\" does not exist"`` or
+    ``"KeyError at app.py:42 in handle"``.
+    """
+    diag = getattr(exc, "diag", None)
+    sqlstate = getattr(exc, "sqlstate", None)
+    if diag is not None and sqlstate:
+        primary = (diag.message_primary or "").strip()
+        return f"{type(exc).__name__} [{sqlstate}] {primary}"[:300]
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {Path(last.filename).name}:{last.lineno} in {last.name}"

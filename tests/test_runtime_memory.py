@@ -8,7 +8,7 @@ import json
 import pytest
 
 from adapters.memory import MemoryBroker, MemoryConsumer
-from consumer_kit import App, Outcome
+from consumer_kit import App, ConfigurationError, Outcome
 from examples.invoices.app import CreateInvoiceHandler
 from tests.harness import fetch_all, runtime_for, throwaway_schema
 
@@ -70,3 +70,50 @@ async def test_conflict_and_volatile_field(database_url: str, app: App) -> None:
         assert sorted(r.outcome.value for r in reports) == ["duplicate", "payload_conflict"]
         assert [d.reason for d in broker.dead_letters(QUEUE)] == ["payload_conflict"]
         assert await fetch_all(database_url, schema, "SELECT invoiced_cents FROM customers") == [(1250,)]
+
+
+class MissingTableHandler(CreateInvoiceHandler):
+    async def handle(self, message, ctx):  # type: ignore[override]
+        await ctx.connection.execute("INSERT INTO no_such_table VALUES (%s)", (message.customer_id,))
+
+
+class ChattyHandler(CreateInvoiceHandler):
+    async def handle(self, message, ctx):  # type: ignore[override]
+        raise ValueError(f"cannot bill {message.customer_id}")  # a message quoting business data
+
+
+@pytest.mark.parametrize(
+    ("handler", "reason", "described"),
+    [
+        (MissingTableHandler(), "UndefinedTable", 'UndefinedTable [42P01] relation "no_such_table" does not exist'),
+        (ChattyHandler(), "ValueError", "ValueError at test_runtime_memory.py:"),
+    ],
+)
+async def test_handler_errors_are_logged_by_object_never_by_value(
+    database_url: str, caplog: pytest.LogCaptureFixture, handler: CreateInvoiceHandler, reason: str,
+    described: str,
+) -> None:
+    app = App("test")
+    app.subscribe(QUEUE, handler)
+    async with throwaway_schema(database_url) as schema, runtime_for(
+        app, database_url, schema, max_deliveries=1
+    ) as rt:
+        broker = MemoryBroker()
+        broker.send(QUEUE, command(customer_id="secret-customer-77"))
+        with caplog.at_level("WARNING", logger="consumer_kit.runtime"):
+            (report,) = await run_all(broker, rt)
+    assert report.outcome is Outcome.DEAD_LETTERED
+    (dead,) = broker.dead_letters(QUEUE)
+    assert dead.reason == f"max_deliveries_exceeded:{reason}"
+    assert described in dead.detail
+    assert described in caplog.text
+    assert "secret-customer-77" not in caplog.text and "secret-customer-77" not in dead.detail
+
+
+def test_a_synchronous_handle_is_refused_at_start() -> None:
+    class Sync(CreateInvoiceHandler):
+        def handle(self, message, ctx):  # type: ignore[override]
+            return None
+
+    with pytest.raises(ConfigurationError, match="must be `async def`"):
+        Sync()
