@@ -66,11 +66,17 @@ def load_app(path: str) -> App:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"app path {path!r} must look like 'package.module:app'")
+    if module_name.endswith(".py"):
+        raise ConfigurationError(
+            f"app path {path!r} names a file: use the module name, e.g. {module_name[:-3]!r}:{attribute}"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
         raise ConfigurationError(f"{path!r} is not a consumer_kit.App (got {type(app).__name__})")
     return app

@@ -30,7 +30,9 @@ def embedded_database_url(data_dir: Path) -> str:
     data_dir = data_dir.resolve()
     if data_dir not in _servers:
         try:
-            import pgserver
+            with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR under root
+                warnings.simplefilter("ignore")
+                import pgserver
         except ImportError as exc:  # pragma: no cover - pgserver is a core dependency
             raise ConfigurationError("pgserver is not installed; set CONSUMER_KIT_DATABASE_URL") from exc
         data_dir.mkdir(parents=True, exist_ok=True)

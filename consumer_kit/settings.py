@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     handler_timeout: float = Field(default=60.0, gt=0, description="Longest handler run.")
     settle_timeout: float = Field(default=10.0, gt=0, description="Longest wait on a settlement.")
     shutdown_timeout: float = Field(default=30.0, gt=0, description="Longest wait for in-flight work.")
+    summary_interval: float = Field(
+        default=10.0, gt=0, description="Seconds between the worker's INFO lines of outcome counts."
+    )
 
     @field_validator("db_schema")
     @classmethod

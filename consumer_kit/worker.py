@@ -89,7 +89,9 @@ class Worker:
                     redact_url(self.settings.broker_url), self.settings.db_schema,
                 )
                 self.started.set()
+                summary = asyncio.create_task(self._log_summaries(), name="consumer-kit-summary")
                 await self._stop.wait()
+                summary.cancel()
                 logger.info("shutting down: %s deliveries in flight", len(self._inflight))
                 await consumer.stop_consuming()
                 await self._drain()
@@ -98,6 +100,24 @@ class Worker:
         finally:
             await pool.close()
         logger.info("worker stopped")
+
+    async def _log_summaries(self) -> None:
+        """Every ``summary_interval`` seconds with activity, one INFO line of outcome counts, so
+        routine deliveries (logged at DEBUG one by one) stay visible without a line each."""
+        assert self.runtime is not None
+        counters = self.runtime.counters
+        previous: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(self.settings.summary_interval)
+            now = counters.snapshot()
+            delta = {k: v - previous.get(k, 0) for k, v in now.items() if v != previous.get(k, 0)}
+            if delta:
+                logger.info(
+                    "last %.0f s: %s (totals: %s)", self.settings.summary_interval,
+                    " ".join(f"{k}={v}" for k, v in sorted(delta.items())),
+                    " ".join(f"{k}={v}" for k, v in sorted(now.items())),
+                )
+            previous = now
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         assert self.runtime is not None

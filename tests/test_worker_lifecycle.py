@@ -132,3 +132,18 @@ async def _wait_for_rows(env: Env, query: str, count: int, timeout: float = 30.0
     while len(await env.rows(query)) != count:
         assert time.monotonic() < deadline, f"{query} never returned {count} rows"
         await asyncio.sleep(0.1)
+
+
+async def test_worker_logs_a_summary_of_outcomes(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    env.settings = env.settings.model_copy(update={"summary_interval": 0.2})
+    with caplog.at_level("INFO", logger="consumer_kit.worker"):
+        async with env.worker():
+            for _ in range(3):
+                await env.send(command())
+            await env.next_reports(3)
+            deadline = time.monotonic() + 10
+            while "executed=1" not in caplog.text:  # the summary task logs on its own schedule
+                assert time.monotonic() < deadline, caplog.text
+                await asyncio.sleep(0.05)
+    summary = next(r.getMessage() for r in caplog.records if "executed=1" in r.getMessage())
+    assert "duplicate=2" in summary
