@@ -73,7 +73,7 @@ def _phases() -> list[list[tuple[str, bytes, bool]]]:
 
 async def run_demo(settings: Settings, console: Console | None = None) -> int:
     """Run the demo; returns the process exit code (0: balances and outbox check out)."""
-    console = console or Console(width=None if sys.stdout.isatty() else 110)
+    console = console or Console(width=None if sys.stdout.isatty() else 130)
 
     settings = settings.model_copy(update={"db_schema": DEMO_SCHEMA, "max_deliveries": 3})
     url = database_url(settings)
@@ -104,7 +104,7 @@ async def run_demo(settings: Settings, console: Console | None = None) -> int:
             if number == 0:
                 crashpoints.arm(CrashPoint.AFTER_COMMIT_BEFORE_ACK, action="raise", times=1)
             for label, body, counts in phase:
-                labels[broker.send(QUEUE, body)] = label
+                labels[broker.send(QUEUE, body)] = f"{label}{_what(body)}"
                 if counts:
                     payload = json.loads(body)
                     expected[payload["customer_id"]] = expected.get(payload["customer_id"], 0) + payload["amount_cents"]
@@ -140,19 +140,34 @@ async def _balances(url: str) -> dict[str, int]:
         return {row[0]: row[1] for row in await cur.fetchall()}
 
 
+def _what(body: bytes) -> str:
+    """`` (acme, 25.00)`` for a valid command body, ``""`` otherwise."""
+    try:
+        payload = json.loads(body)
+        return f" ({payload['customer_id']}, {payload['amount_cents'] / 100:.2f})"
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 def _print_deliveries(console: Console, rows: list[tuple[str, DeliveryReport | None, int]]) -> None:
     table = Table(title="Deliveries, in the order they finished")
-    for column in ("#", "command", "delivery", "outcome", "settled", "reason"):
+    for column in ("#", "command (customer, amount)", "delivery", "outcome", "settled", "reason"):
         table.add_column(column)
     for number, (label, report, delivery_count) in enumerate(rows, 1):
         if report is None:
-            table.add_row(str(number), label, str(delivery_count), "[red]crashed[/red]", "-", "process died before ack")
+            table.add_row(str(number), label, str(delivery_count), "[red]crashed[/red]", "-", "died after COMMIT")
             continue
         table.add_row(
             str(number), label, str(delivery_count), report.outcome.value,
             report.settlement.value if report.settlement else "-", report.reason or "",
         )
     console.print(table)
+    console.print(
+        "Order 1's first delivery committed its invoice, then the process 'died' before the ack, so\n"
+        "it never reported 'executed'; the broker redelivered it (delivery 2) and the ledger answered\n"
+        "'duplicate'. 'failed' is a permanent business failure (recorded once); 'failed_retained' is\n"
+        "its duplicate, answered from the ledger without running the handler.\n"
+    )
 
 
 def _print_checks(
