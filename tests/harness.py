@@ -17,13 +17,15 @@ from examples.invoices.app import create_tables
 
 
 @asynccontextmanager
-async def throwaway_schema(database_url: str) -> AsyncIterator[str]:
-    """A fresh schema holding the ledger, the outbox and the example's tables; dropped afterwards."""
+async def throwaway_schema(database_url: str, *, example_tables: bool = True) -> AsyncIterator[str]:
+    """A fresh schema holding the ledger, the outbox and (unless ``example_tables=False``) the
+    invoices example's tables; dropped afterwards."""
     schema = "ck_" + uuid.uuid4().hex[:10]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await migrate(conn, schema)
         await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
-        await create_tables(conn)
+        if example_tables:
+            await create_tables(conn)
     try:
         yield schema
     finally:
