@@ -121,7 +121,7 @@ def message_body(order_id: int) -> bytes:
             "customer_id": f"c{order_id % CUSTOMERS}",
             "amount_cents": 1000 + order_id % 97,
             "currency": "EUR",
-            "requested_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "requested_at": dt.datetime.now(dt.UTC).isoformat(),
         },
         separators=(",", ":"),
     ).encode()
@@ -300,4 +300,4 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, Any]:
     """Per-round ratios (round i of both series ran back to back), summarised."""
-    return summarize([n / d for n, d in zip(numerators, denominators) if d])
+    return summarize([n / d for n, d in zip(numerators, denominators, strict=False) if d])

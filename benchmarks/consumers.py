@@ -149,7 +149,7 @@ def make_ck_app(schema: str) -> Any:
 
     class CreateInvoiceHandler(Handler[CreateInvoice]):
         operation_type = "invoice.create"
-        fingerprint_exclude = {"requested_at"}
+        fingerprint_exclude = {"requested_at"}  # noqa: RUF012 - as in the invoices example
 
         def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
             return f"order-{message.order_id}-rev-{message.revision}"
@@ -245,10 +245,10 @@ async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Ev
 async def run_powertools(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
     import aio_pika
     from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
-    from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
     from aws_lambda_powertools.utilities.idempotency.exceptions import (
         IdempotencyAlreadyInProgressError,
     )
+    from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
     from psycopg_pool import ConnectionPool
 
     effect = EffectSQL.for_schema(args.schema)

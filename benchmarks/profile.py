@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.common import declare_and_fill, delete_queues, delete_redis_keys, drop_schema, message_body, new_name
+from benchmarks.common import (
+    declare_and_fill,
+    delete_queues,
+    delete_redis_keys,
+    drop_schema,
+    message_body,
+    new_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")

@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (en dashes and multiplication signs are meant for the report)
 """Markdown report and matplotlib charts from a results dict (see :mod:`benchmarks.runner`)."""
 
 from __future__ import annotations
@@ -299,8 +300,8 @@ def _charts(results: dict[str, Any], out: Path) -> list[str]:
             [("naive", "naive aio-pika+psycopg"), ("ck", "consumer-kit"), ("powertools", "Powertools+Redis")]
         ):
             med = [idem[c][variant]["median"] or 0 for c in cs]
-            lo = [m - (idem[c][variant]["min"] or m) for m, c in zip(med, cs)]
-            hi = [(idem[c][variant]["max"] or m) - m for m, c in zip(med, cs)]
+            lo = [m - (idem[c][variant]["min"] or m) for m, c in zip(med, cs, strict=True)]
+            hi = [(idem[c][variant]["max"] or m) - m for m, c in zip(med, cs, strict=True)]
             ax.bar([i + (k - 1) * width for i in range(len(cs))], med, width, yerr=[lo, hi],
                    label=label, capsize=3)
         ax.set_xticks(range(len(cs)), [f"concurrency {c}" for c in cs])
@@ -339,7 +340,7 @@ def _charts(results: dict[str, Any], out: Path) -> list[str]:
     if pg and idem:
         fig, ax = plt.subplots(figsize=(7, 3.6))
         labels, vals = [], []
-        for key, r in pg.items():
+        for r in pg.values():
             labels.append(f"pgbench {r['shape']}\n{r['clients']} client(s)")
             vals.append(r["tps"] or 0)
         for c in ("1", "8"):
