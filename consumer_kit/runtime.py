@@ -38,7 +38,7 @@ from consumer_kit import ledger as ledger_states
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, Envelope
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, Envelope
 from consumer_kit.errors import (
     ConfigurationError,
     DeadLetterReason,
@@ -187,7 +187,7 @@ class Runtime:
             message = handler.model.model_validate(raw)
         except ValidationError as exc:
             raise InvalidMessage(DeadLetterReason.SCHEMA_MISMATCH, _describe_validation(exc)) from None
-        key = normalize_key(handler.operation_key(message, envelope))
+        key = normalize_key(handler.operation_key(message, envelope), what=_key_source(handler))
         try:
             tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
         except InvalidMessage as exc:  # the tenant comes from a header: report it as one
@@ -453,6 +453,13 @@ def _stored(result: Any) -> StoredResult:
     if isinstance(result, Result):
         return StoredResult(result.status[:200], (result.reference or None) and result.reference[:500], result.body)
     raise TypeError(f"handle() must return consumer_kit.Result or None, not {type(result).__name__}")
+
+
+def _key_source(handler: Handler[Any]) -> str:
+    """How to name the key in an error: where it comes from when the handler does not say."""
+    if type(handler).operation_key is Handler.operation_key:
+        return f"operation key (header {OPERATION_ID_HEADER!r})"
+    return f"operation key of {type(handler).__name__}"
 
 
 def _describe_validation(exc: ValidationError) -> str:

@@ -118,7 +118,8 @@ class Env:
         connection = await aio_pika.connect(self.rabbitmq_url)
         try:
             channel = await connection.channel()
-            for suffix in ("", ".dlq", *(f".retry.{ms}ms" for ms in (200,))):
+            # every retry tier a test's settings could have declared (defaults and test delays)
+            for suffix in ("", ".dlq", *(f".retry.{ms}ms" for ms in (200, 1000, 2000, 5000, 30000))):
                 await channel.queue_delete(self.queue + suffix)
         finally:
             await connection.close()

@@ -17,7 +17,8 @@ from typing import Annotated
 import typer
 
 from adapters.rabbitmq import RabbitMQPublisher
-from consumer_kit import OutgoingMessage, Settings
+from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Settings
+from consumer_kit.console import fail, require_shared_broker
 from examples.invoices.app import CreateInvoice
 
 QUEUE = "invoices.commands"
@@ -33,6 +34,10 @@ def main(
 ) -> None:
     """Publish the command ``times`` times with publisher confirms."""
     settings = Settings()
+    try:
+        require_shared_broker(settings, "examples.invoices.send")
+    except ConfigurationError as exc:
+        fail(str(exc))
 
     async def send() -> None:
         publisher = RabbitMQPublisher(settings.broker_url)
@@ -52,7 +57,10 @@ def main(
             await publisher.close()
         typer.echo(f"sent {times} x order {order_id} revision {revision} to {QUEUE}")
 
-    asyncio.run(send())
+    try:
+        asyncio.run(send())
+    except PublishError as exc:
+        fail(f"{exc} (is the worker running? it declares {QUEUE})")
 
 
 if __name__ == "__main__":
