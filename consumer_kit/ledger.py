@@ -92,8 +92,32 @@ _ROW_COLUMNS = sql.SQL(
 )
 
 
+# Insert an operation straight into a terminal state, or move a ``processing`` row (of the same
+# fingerprint) into it where ``only_if`` holds; completed and failed rows are never overwritten.
+_TERMINAL_UPSERT = sql.SQL(
+    """
+    INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint, projection_version,
+        state, attempts, message_id, result_status, error_class, error_detail, completed_at)
+    VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
+        %(projection_version)s, {state}, 1, %(message_id)s, %(code)s, %(error_class)s, %(detail)s,
+        CASE WHEN {state} = 'failed' THEN now() END)
+    ON CONFLICT (scope, key) DO UPDATE SET state = EXCLUDED.state,
+           result_status = coalesce(EXCLUDED.result_status, o.result_status),
+           error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,
+           lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
+           completed_at = EXCLUDED.completed_at
+     WHERE o.state = 'processing' AND o.fingerprint = EXCLUDED.fingerprint AND {only_if}
+    """
+)
+
+
+def _render(statement: sql.Composable) -> bytes:
+    """Compose once at start-up, not on every execute (the identifiers never change)."""
+    return statement.as_bytes(None)
+
+
 class Ledger:
-    """Statements on ``<schema>.operations``, prepared once per schema."""
+    """Statements on ``<schema>.operations``, rendered once per schema."""
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
@@ -101,7 +125,7 @@ class Ledger:
         # Claim and, in the same round trip, read the existing row when the claim lost. If the winner
         # committed after this statement's snapshot was taken, the second SELECT sees nothing and
         # ``claim`` reads again with a fresh snapshot.
-        self._claim = sql.SQL(
+        self._claim = _render(sql.SQL(
             """
             WITH claimed AS (
                 INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
@@ -117,43 +141,31 @@ class Ledger:
             SELECT false AS claimed, {columns} FROM {table}
              WHERE scope = %(scope)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
             """
-        ).format(table=table, columns=_ROW_COLUMNS)
-        self._fetch = sql.SQL("SELECT false AS claimed, {columns} FROM {table} WHERE scope = %s AND key = %s").format(
-            table=table, columns=_ROW_COLUMNS
-        )
-        self._complete = sql.SQL(
+        ).format(table=table, columns=_ROW_COLUMNS))
+        self._fetch = _render(sql.SQL(
+            "SELECT false AS claimed, {columns} FROM {table} WHERE scope = %s AND key = %s"
+        ).format(table=table, columns=_ROW_COLUMNS))
+        self._complete = _render(sql.SQL(
             """
             UPDATE {table} SET state = 'completed', result_status = %s, result_reference = %s,
                    result_body = %s, lease_owner = NULL, lease_expires_at = NULL,
                    updated_at = now(), completed_at = now()
              WHERE scope = %s AND key = %s AND state = 'processing'
             """
-        ).format(table=table)
-        self._fail = sql.SQL(
-            """
-            UPDATE {table} SET state = 'failed', result_status = %s, error_class = %s,
-                   error_detail = %s, lease_owner = NULL, lease_expires_at = NULL,
-                   updated_at = now(), completed_at = now()
-             WHERE scope = %s AND key = %s AND state = 'processing'
-            """
-        ).format(table=table)
+        ).format(table=table))
+        # A permanent failure is recorded in its own transaction, after the handler's was rolled
+        # back: insert the failed row, or turn a processing row into it when its lease is over.
+        self._record_failure = _render(_TERMINAL_UPSERT.format(
+            table=table, state=sql.Literal(FAILED),
+            only_if=sql.SQL("(o.lease_expires_at IS NULL OR o.lease_expires_at <= now())"),
+        ))
         # Park an operation whose outcome the runtime cannot know (the handler ended the
         # transaction itself): whatever committed stays, and nobody re-runs it blindly.
-        self._park = sql.SQL(
-            """
-            INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
-                projection_version, state, attempts, message_id, error_class, error_detail)
-            VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
-                %(projection_version)s, 'needs_reconciliation', 1, %(message_id)s,
-                %(error_class)s, %(detail)s)
-            ON CONFLICT (scope, key) DO UPDATE SET state = 'needs_reconciliation',
-                   error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,
-                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-             WHERE o.state = 'processing'
-            """
-        ).format(table=table)
+        self._park = _render(_TERMINAL_UPSERT.format(
+            table=table, state=sql.Literal(NEEDS_RECONCILIATION), only_if=sql.SQL("true")
+        ))
         # Conditional write: only one worker can take over a given expired lease.
-        self._take_over = sql.SQL(
+        self._take_over = _render(sql.SQL(
             """
             UPDATE {table} SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s),
                    attempts = attempts + 1, updated_at = now()
@@ -161,7 +173,7 @@ class Ledger:
                AND (lease_expires_at IS NULL OR lease_expires_at <= now())
             RETURNING attempts
             """
-        ).format(table=table)
+        ).format(table=table))
 
     async def claim(
         self,
@@ -224,20 +236,22 @@ class Ledger:
         if cur.rowcount != 1:
             raise RuntimeError(f"ledger row {scope}/{key} was not processing at completion")
 
-    async def fail(
+    async def record_failure(
         self,
         conn: AsyncConnection[Any],
-        scope: str,
-        key: str,
+        identity: OperationIdentity,
         *,
+        message_id: str | None,
         code: str,
         error_class: str,
         detail: str,
-    ) -> None:
-        """Mark the claimed operation ``failed`` (retained: duplicates replay this failure)."""
-        cur = await conn.execute(self._fail, (code, error_class, detail, scope, key))
-        if cur.rowcount != 1:
-            raise RuntimeError(f"ledger row {scope}/{key} was not processing at failure")
+    ) -> bool:
+        """Record a retained ``failed`` row (duplicates replay it). ``False`` when another worker's
+        row got there first (completed, failed, or processing under a live lease): that row decides."""
+        return await self._upsert_terminal(
+            conn, self._record_failure, identity, message_id=message_id, code=code,
+            error_class=error_class, detail=detail,
+        )
 
     async def park(
         self,
@@ -250,8 +264,24 @@ class Ledger:
     ) -> None:
         """Mark the operation ``needs_reconciliation`` (inserting the row if the claim was lost);
         a ``completed`` or ``failed`` row is left as it is. Run in its own transaction."""
-        await conn.execute(
-            self._park,
+        await self._upsert_terminal(
+            conn, self._park, identity, message_id=message_id, code=None,
+            error_class=error_class, detail=detail,
+        )
+
+    async def _upsert_terminal(
+        self,
+        conn: AsyncConnection[Any],
+        statement: bytes,
+        identity: OperationIdentity,
+        *,
+        message_id: str | None,
+        code: str | None,
+        error_class: str,
+        detail: str,
+    ) -> bool:
+        cur = await conn.execute(
+            statement,
             {
                 "scope": identity.scope,
                 "key": identity.key,
@@ -260,10 +290,12 @@ class Ledger:
                 "fingerprint": identity.fingerprint,
                 "projection_version": identity.projection_version,
                 "message_id": message_id,
+                "code": code,
                 "error_class": error_class,
                 "detail": detail,
             },
         )
+        return cur.rowcount == 1
 
     async def take_over_expired_lease(
         self, conn: AsyncConnection[Any], scope: str, key: str, *, owner: str, lease_seconds: float

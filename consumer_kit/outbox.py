@@ -112,13 +112,14 @@ class OutboxWriter:
     """Writes outbox rows inside the caller's transaction."""
 
     def __init__(self, schema: str) -> None:
+        # Composed once: the schema never changes, so execute need not render it every time.
         self._insert = sql.SQL(
             """
             INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
                                  payload, headers, operation_scope, operation_key, correlation_id)
             VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """
-        ).format(table=sql.Identifier(schema, "outbox"))
+        ).format(table=sql.Identifier(schema, "outbox")).as_bytes(None)
 
     async def add(
         self,

@@ -257,6 +257,8 @@ class Runtime:
                             )
                         raise
                 break
+        except PermanentFailure as failure:
+            decision = await self._record_failure(decoded, envelope, failure)
         except _TransactionEnded as exc:
             # What committed cannot be known here: park the operation (never re-run it blindly).
             async with self.pool.connection() as conn:
@@ -314,26 +316,42 @@ class Runtime:
                 )
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         ctx = Context(conn, identity, envelope, self.outbox)
+        # A PermanentFailure propagates: the whole transaction (claim included) rolls back and
+        # _execute records the failure in a transaction of its own (DESIGN.md step 8). No
+        # savepoint on the common path: it would cost two round trips on every delivery.
         try:
-            async with conn.transaction():  # SAVEPOINT: a permanent failure undoes only the handler
-                try:
-                    result = await asyncio.wait_for(
-                        decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
-                    )
-                finally:
-                    _ensure_transaction_open(conn)
-                crashpoints.reached(CrashPoint.IN_HANDLER)
-        except PermanentFailure as failure:
-            await self.ledger.fail(
-                conn, identity.scope, identity.key, code=failure.code,
-                error_class=type(failure).__name__, detail=failure.detail,
+            result = await asyncio.wait_for(
+                decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
             )
-            stored = StoredResult(failure.code, None, None)
-            return _Settle(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
+        finally:
+            _ensure_transaction_open(conn)
+        crashpoints.reached(CrashPoint.IN_HANDLER)
         stored = _stored(result)
         await self.ledger.complete(conn, identity.scope, identity.key, stored)
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return _Settle(outcome, Settlement.ACK, result=stored)
+
+    async def _record_failure(
+        self, decoded: _Decoded, envelope: Envelope, failure: PermanentFailure
+    ) -> _Settle:
+        """Record a permanent failure after its transaction rolled back. If another delivery of the
+        key committed in between, its row decides (duplicate, replayed failure or in progress)."""
+        identity = decoded.identity
+        async with self.pool.connection() as conn, conn.transaction():
+            recorded = await self.ledger.record_failure(
+                conn, identity, message_id=envelope.message_id, code=failure.code,
+                error_class=type(failure).__name__, detail=failure.detail,
+            )
+            if not recorded:
+                row = await self.ledger.fetch(conn, identity.scope, identity.key)
+        if recorded:
+            stored = StoredResult(failure.code, None, None)
+            return _Settle(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
+        verdict = self._handle_for_state(row, identity) if row is not None else None
+        return verdict or _Settle(
+            Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
+            reason="failure_not_recorded",
+        )
 
     def _handle_for_state(self, row: OperationRow, identity: OperationIdentity) -> _Settle | None:
         """Decide for a key that already has a ledger row. ``None``: an expired lease to recover."""

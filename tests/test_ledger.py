@@ -1,0 +1,72 @@
+"""Ledger statements on the real PostgreSQL: the claim and the terminal upserts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from consumer_kit.identity import OperationIdentity
+from consumer_kit.ledger import Ledger
+from consumer_kit.outcomes import StoredResult
+from tests.harness import throwaway_schema
+
+IDENTITY = OperationIdentity("t", "invoice.create", 1, "order-1", "f" * 64, 1)
+
+
+@pytest.fixture
+async def ledger_conn(database_url: str) -> AsyncIterator[tuple[Ledger, psycopg.AsyncConnection]]:
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            yield Ledger(schema), conn
+
+
+async def _state(ledger: Ledger, conn: psycopg.AsyncConnection) -> tuple[str, str | None]:
+    row = await ledger.fetch(conn, IDENTITY.scope, IDENTITY.key)
+    assert row is not None
+    return row.state, row.result_status
+
+
+async def test_claim_then_duplicate_claim_sees_the_row(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    claimed, row = await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    assert claimed and row is not None and row.state == "processing" and row.lease_live
+    claimed, row = await ledger.claim(conn, IDENTITY, owner="w2", lease_seconds=30, message_id="m2")
+    assert not claimed and row is not None and row.lease_owner == "w1"
+
+
+async def test_failure_is_recorded_on_an_empty_key(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    assert await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
+    assert await _state(ledger, conn) == ("failed", "closed")
+
+
+async def test_failure_never_overwrites_a_completed_or_failed_row(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    await ledger.complete(conn, IDENTITY.scope, IDENTITY.key, StoredResult("created", "7"))
+    assert not await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
+    assert await _state(ledger, conn) == ("completed", "created")
+
+
+async def test_failure_waits_for_a_live_lease_and_takes_an_expired_one(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    assert not await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
+    assert await _state(ledger, conn) == ("processing", None)
+    await conn.execute(
+        sql.SQL("UPDATE {} SET lease_expires_at = now() - interval '1 s'").format(
+            sql.Identifier(ledger.schema, "operations")
+        )
+    )
+    assert await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
+    assert await _state(ledger, conn) == ("failed", "closed")
+
+
+async def test_park_moves_processing_to_needs_reconciliation_only(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    await ledger.park(conn, IDENTITY, message_id="m", error_class="E", detail="handler committed")
+    assert (await _state(ledger, conn))[0] == "needs_reconciliation"
