@@ -53,6 +53,7 @@ from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry import Counters, describe_error, record, tracer
+from consumer_kit.transaction import DeliveryTransaction, Stage
 
 logger = logging.getLogger("consumer_kit.runtime")
 
@@ -229,24 +230,20 @@ class Runtime:
 
     async def _execute(self, decoded: _Decoded, envelope: Envelope) -> _Settle:
         identity = decoded.identity
-        committing = False
         try:
             for stale in range(self.pool.max_size + 1):
                 async with self.pool.connection() as conn:
-                    began = False
                     try:
-                        async with conn.transaction():  # BEGIN ... COMMIT on leaving the block
-                            began = True
-                            decision = await self._claim_and_run(conn, decoded, envelope)
-                            committing = True
+                        async with DeliveryTransaction(conn) as tx:
+                            decision = await self._claim_and_run(tx, decoded, envelope)
                     except psycopg.OperationalError:
-                        if not began and conn.broken and stale < self.pool.max_size:
+                        if tx.stage is Stage.BEGINNING and conn.broken and stale < self.pool.max_size:
                             # A pooled connection that died while idle (server restart, fail-over,
                             # pg_terminate_backend) fails at BEGIN, before anything was claimed.
                             # The pool discards it on return; take the next one instead of
                             # burning a delivery (each dead connection would cost one).
                             continue
-                        if committing and conn.broken:
+                        if tx.stage is Stage.COMMITTING and conn.broken:
                             # The COMMIT was sent but its reply is lost: the effect may or may not be
                             # durable. Never ack; the redelivery reads the truth from the ledger.
                             return _Settle(
@@ -282,16 +279,15 @@ class Runtime:
         return decision
 
     async def _claim_and_run(
-        self, conn: psycopg.AsyncConnection[Any], decoded: _Decoded, envelope: Envelope
+        self, tx: DeliveryTransaction, decoded: _Decoded, envelope: Envelope
     ) -> _Settle:
-        identity = decoded.identity
+        conn, identity = tx.conn, decoded.identity
         try:
-            claimed, row = await self.ledger.claim(
-                conn,
-                identity,
-                owner=self.worker_id,
-                lease_seconds=self.settings.lease_seconds,
-                message_id=envelope.message_id,
+            claimed, row = await tx.begin(
+                lambda: self.ledger.claim(
+                    conn, identity, owner=self.worker_id,
+                    lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
+                )
             )
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
@@ -303,7 +299,7 @@ class Runtime:
                 return _Settle(Outcome.IN_PROGRESS, Settlement.RETRY, reason="row_vanished")
             verdict = self._handle_for_state(row, identity)
             if verdict is not None:
-                return verdict
+                return verdict  # leaving the block commits the read-only transaction
             # Expired lease on a processing row: take it over with a conditional write.
             recovered = await self.ledger.take_over_expired_lease(
                 conn, identity.scope, identity.key, owner=self.worker_id,
@@ -325,9 +321,22 @@ class Runtime:
             )
         finally:
             _ensure_transaction_open(conn)
+        _ensure_transaction_usable(conn)
         crashpoints.reached(CrashPoint.IN_HANDLER)
         stored = _stored(result)
-        await self.ledger.complete(conn, identity.scope, identity.key, stored)
+        await tx.commit(lambda: self.ledger.complete(conn, identity.scope, identity.key, stored))
+        if tx.last_rowcount != 1:
+            # Our own processing row was not there to complete: the handler changed the ledger.
+            # The effect is committed; only an operator can say what it means.
+            logger.error(
+                "ledger row %s/%s was not processing at completion (rowcount %s)",
+                identity.scope, identity.key, tx.last_rowcount,
+            )
+            return _Settle(
+                Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
+                detail="the ledger row was changed inside the handler's transaction",
+            )
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return _Settle(outcome, Settlement.ACK, result=stored)
 
@@ -462,6 +471,17 @@ def _ensure_transaction_open(conn: psycopg.AsyncConnection[Any]) -> None:
     if conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE:
         raise _TransactionEnded(
             "the handler ended the delivery's transaction (COMMIT or ROLLBACK sent as SQL)"
+        )
+
+
+def _ensure_transaction_usable(conn: psycopg.AsyncConnection[Any]) -> None:
+    """After a handler returned normally: raise ``InFailedSqlTransaction`` when it caught a
+    database error and carried on (the transaction is aborted, so nothing of it can commit; said
+    here rather than as a confusing failure of the ledger's completion)."""
+    if conn.info.transaction_status is psycopg.pq.TransactionStatus.INERROR:
+        raise pg_errors.InFailedSqlTransaction(
+            "the handler caught a database error and returned: its transaction is aborted "
+            "(use `async with ctx.connection.transaction():` around statements that may fail)"
         )
 
 

@@ -259,7 +259,9 @@ async def test_backend_killed_mid_transaction_is_retried_and_the_pool_recovers(r
         gate.release.set()
         reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1)
         assert [r.outcome for r in reports] == [Outcome.RETRIED, Outcome.EXECUTED]
-        assert reports[0].reason == "AdminShutdown"  # psycopg's class for SQLSTATE 57P01
+        # AdminShutdown (SQLSTATE 57P01) when the server's goodbye is read first, else the bare
+        # OperationalError of a lost connection; either way nothing was committed
+        assert reports[0].reason in ("AdminShutdown", "OperationalError")
         assert gate.calls == 2
         # The pool replaced the dead connection: later deliveries run normally.
         for order in (2, 3):
@@ -574,10 +576,10 @@ async def test_handlers_that_break_their_transaction(renv: ResilienceEnv) -> Non
 
     * ``ctx.connection.commit()``: psycopg forbids it inside a transaction block
       (``ProgrammingError``): rolled back, retried, dead-lettered; nothing committed.
-    * an uncaught unique violation: rolled back to the handler's savepoint and then entirely,
-      retried, dead-lettered; nothing committed.
+    * an uncaught unique violation: rolled back entirely, retried, dead-lettered; nothing
+      committed.
     * a swallowed database error (the handler catches ``UniqueViolation`` and returns normally):
-      the transaction is aborted, so releasing the handler's savepoint fails
+      the transaction is aborted, so the runtime refuses to complete it
       (``InFailedSqlTransaction``): rolled back, retried, dead-lettered; nothing committed.
     * the same error caught around the handler's own ``conn.transaction()`` (a savepoint): fine,
       executed once.
