@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncCursor, sql
+from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -227,14 +227,16 @@ class Ledger:
 
     async def complete(
         self, conn: AsyncConnection[Any], scope: str, key: str, result: StoredResult
-    ) -> AsyncCursor[Any]:
+    ) -> None:
         """Mark the claimed operation ``completed`` with its result (same transaction as the effect).
 
-        Returns the cursor: its ``rowcount`` (1 when the row was ``processing``) is only known once
-        the statement's pipeline has ended (see :mod:`consumer_kit.transaction`).
+        Raises:
+            RuntimeError: the row was not ``processing`` (changed inside the handler's transaction).
         """
         body = None if result.body is None else Jsonb(result.body)
-        return await conn.execute(self._complete, (result.status, result.reference, body, scope, key))
+        cur = await conn.execute(self._complete, (result.status, result.reference, body, scope, key))
+        if cur.rowcount != 1:
+            raise RuntimeError(f"ledger row {scope}/{key} was not processing at completion")
 
     async def record_failure(
         self,

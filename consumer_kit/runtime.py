@@ -53,7 +53,6 @@ from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry import Counters, describe_error, record, tracer
-from consumer_kit.transaction import DeliveryTransaction, Stage
 
 logger = logging.getLogger("consumer_kit.runtime")
 
@@ -230,20 +229,24 @@ class Runtime:
 
     async def _execute(self, decoded: _Decoded, envelope: Envelope) -> _Settle:
         identity = decoded.identity
+        committing = False
         try:
             for stale in range(self.pool.max_size + 1):
                 async with self.pool.connection() as conn:
+                    began = False
                     try:
-                        async with DeliveryTransaction(conn) as tx:
-                            decision = await self._claim_and_run(tx, decoded, envelope)
+                        async with conn.transaction():  # BEGIN ... COMMIT on leaving the block
+                            began = True
+                            decision = await self._claim_and_run(conn, decoded, envelope)
+                            committing = True
                     except psycopg.OperationalError:
-                        if tx.stage is Stage.BEGINNING and conn.broken and stale < self.pool.max_size:
+                        if not began and conn.broken and stale < self.pool.max_size:
                             # A pooled connection that died while idle (server restart, fail-over,
                             # pg_terminate_backend) fails at BEGIN, before anything was claimed.
                             # The pool discards it on return; take the next one instead of
                             # burning a delivery (each dead connection would cost one).
                             continue
-                        if tx.stage is Stage.COMMITTING and conn.broken:
+                        if committing and conn.broken:
                             # The COMMIT was sent but its reply is lost: the effect may or may not be
                             # durable. Never ack; the redelivery reads the truth from the ledger.
                             return _Settle(
@@ -279,15 +282,13 @@ class Runtime:
         return decision
 
     async def _claim_and_run(
-        self, tx: DeliveryTransaction, decoded: _Decoded, envelope: Envelope
+        self, conn: psycopg.AsyncConnection[Any], decoded: _Decoded, envelope: Envelope
     ) -> _Settle:
-        conn, identity = tx.conn, decoded.identity
+        identity = decoded.identity
         try:
-            claimed, row = await tx.begin(
-                lambda: self.ledger.claim(
-                    conn, identity, owner=self.worker_id,
-                    lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
-                )
+            claimed, row = await self.ledger.claim(
+                conn, identity, owner=self.worker_id,
+                lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
             )
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
@@ -299,7 +300,7 @@ class Runtime:
                 return _Settle(Outcome.IN_PROGRESS, Settlement.RETRY, reason="row_vanished")
             verdict = self._handle_for_state(row, identity)
             if verdict is not None:
-                return verdict  # leaving the block commits the read-only transaction
+                return verdict
             # Expired lease on a processing row: take it over with a conditional write.
             recovered = await self.ledger.take_over_expired_lease(
                 conn, identity.scope, identity.key, owner=self.worker_id,
@@ -316,27 +317,14 @@ class Runtime:
         # _execute records the failure in a transaction of its own (DESIGN.md step 8). No
         # savepoint on the common path: it would cost two round trips on every delivery.
         try:
-            result = await asyncio.wait_for(
-                decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
-            )
+            async with asyncio.timeout(self.settings.handler_timeout):
+                result = await decoded.handler.handle(decoded.message, ctx)
         finally:
             _ensure_transaction_open(conn)
         _ensure_transaction_usable(conn)
         crashpoints.reached(CrashPoint.IN_HANDLER)
         stored = _stored(result)
-        await tx.commit(lambda: self.ledger.complete(conn, identity.scope, identity.key, stored))
-        if tx.last_rowcount != 1:
-            # Our own processing row was not there to complete: the handler changed the ledger.
-            # The effect is committed; only an operator can say what it means.
-            logger.error(
-                "ledger row %s/%s was not processing at completion (rowcount %s)",
-                identity.scope, identity.key, tx.last_rowcount,
-            )
-            return _Settle(
-                Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
-                reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
-                detail="the ledger row was changed inside the handler's transaction",
-            )
+        await self.ledger.complete(conn, identity.scope, identity.key, stored)
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return _Settle(outcome, Settlement.ACK, result=stored)
 
@@ -423,18 +411,16 @@ class Runtime:
 
     async def _settle(self, delivery: Delivery, decision: _Settle) -> None:
         """Settle without ever raising or hanging (a lost settlement means a redelivery)."""
-        timeout = self.settings.settle_timeout
         try:
-            if decision.how is Settlement.ACK:
-                await asyncio.wait_for(delivery.ack(), timeout)
-            elif decision.how is Settlement.RETRY:
-                await asyncio.wait_for(delivery.retry(decision.delay), timeout)
-            elif decision.how is Settlement.DEAD_LETTER:
-                await asyncio.wait_for(
-                    delivery.dead_letter(decision.reason or "unknown", decision.detail), timeout
-                )
-            else:
-                await asyncio.wait_for(delivery.release(), timeout)
+            async with asyncio.timeout(self.settings.settle_timeout):  # no extra task, unlike wait_for
+                if decision.how is Settlement.ACK:
+                    await delivery.ack()
+                elif decision.how is Settlement.RETRY:
+                    await delivery.retry(decision.delay)
+                elif decision.how is Settlement.DEAD_LETTER:
+                    await delivery.dead_letter(decision.reason or "unknown", decision.detail)
+                else:
+                    await delivery.release()
         except Exception as exc:  # noqa: BLE001 - the broker redelivers; the ledger makes it a duplicate
             logger.warning(
                 "settlement %s failed (%s) queue=%s message_id=%s: the broker will redeliver",
