@@ -230,7 +230,7 @@ def explain_claim(db_url: str, schema: str) -> str:
         "owner": "bench", "lease": 300.0, "message_id": "m",
     }
     with psycopg.connect(db_url) as conn:
-        query = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ") + ledger._claim
+        query = b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + ledger._claim  # rendered bytes
         rows = conn.execute(query, params).fetchall()
         conn.rollback()
     return "\n".join(r[0] for r in rows)

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from consumer_kit.envelope import DEFAULT_TENANT, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
 from consumer_kit.identity import OperationIdentity
-from consumer_kit.outbox import OutboxWriter
+from consumer_kit.outbox import PendingEvent, pending_event
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -65,8 +65,7 @@ class Context:
     connection: AsyncConnection[Any]
     operation: OperationIdentity
     envelope: Envelope
-    _outbox: OutboxWriter
-    published: list[uuid.UUID] = field(default_factory=list)
+    events: list[PendingEvent] = field(default_factory=list)
 
     async def publish(
         self,
@@ -78,7 +77,10 @@ class Context:
         headers: Mapping[str, str] | None = None,
         message_type: str | None = None,
     ) -> uuid.UUID:
-        """Write ``event`` to the outbox in this transaction; the relay publishes it after COMMIT.
+        """Add ``event`` to the outbox in this transaction; the relay publishes it after COMMIT.
+
+        The rows are written with the ledger's completion, in the same transaction and in publish
+        order (one statement for all of them and the completion); if the handler fails, none is.
 
         Args:
             event: a pydantic model, serialised in JSON mode.
@@ -90,20 +92,25 @@ class Context:
 
         Returns:
             The event ID (UUID): the broker message id on every publish attempt.
+
+        Raises:
+            ValueError: empty destination.
         """
-        event_id = await self._outbox.add(
-            self.connection,
+        pending = pending_event(
             destination=destination,
             routing_key=routing_key,
             message_type=message_type or type(event).__name__,
             payload=event.model_dump(mode="json"),
             partition_key=partition_key,
-            headers=dict(headers or {}),
-            operation=self.operation,
-            correlation_id=self.envelope.correlation_id,
+            headers=headers or {},
         )
-        self.published.append(event_id)
-        return event_id
+        self.events.append(pending)
+        return pending.event_id
+
+    @property
+    def published(self) -> list[uuid.UUID]:
+        """Event IDs published so far in this delivery."""
+        return [e.event_id for e in self.events]
 
 
 class Handler(Generic[M]):

@@ -8,6 +8,7 @@ formatted by hand). States: ``processing -> completed | failed | needs_reconcili
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,13 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from consumer_kit.identity import OperationIdentity
+from consumer_kit.outbox import (
+    OUTBOX_MIGRATIONS,
+    PendingEvent,
+    events_cte,
+    events_params,
+    notify_channel,
+)
 from consumer_kit.outcomes import StoredResult
 
 PROCESSING = "processing"
@@ -145,14 +153,19 @@ class Ledger:
         self._fetch = _render(sql.SQL(
             "SELECT false AS claimed, {columns} FROM {table} WHERE scope = %s AND key = %s"
         ).format(table=table, columns=_ROW_COLUMNS))
-        self._complete = _render(sql.SQL(
+        complete = sql.SQL(
             """
-            UPDATE {table} SET state = 'completed', result_status = %s, result_reference = %s,
-                   result_body = %s, lease_owner = NULL, lease_expires_at = NULL,
-                   updated_at = now(), completed_at = now()
-             WHERE scope = %s AND key = %s AND state = 'processing'
+            UPDATE {table} SET state = 'completed', result_status = %(status)s,
+                   result_reference = %(reference)s, result_body = %(body)s, lease_owner = NULL,
+                   lease_expires_at = NULL, updated_at = now(), completed_at = now()
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing'
             """
-        ).format(table=table))
+        ).format(table=table)
+        self._complete = _render(complete)
+        # The same completion with the handler's outbox events written in the same statement.
+        self._complete_with_events = _render(
+            sql.SQL("WITH {events} {complete}").format(events=events_cte(schema), complete=complete)
+        )
         # A permanent failure is recorded in its own transaction, after the handler's was rolled
         # back: insert the failed row, or turn a processing row into it when its lease is over.
         self._record_failure = _render(_TERMINAL_UPSERT.format(
@@ -226,17 +239,34 @@ class Ledger:
         return OperationRow(**found)
 
     async def complete(
-        self, conn: AsyncConnection[Any], scope: str, key: str, result: StoredResult
+        self,
+        conn: AsyncConnection[Any],
+        identity: OperationIdentity,
+        result: StoredResult,
+        *,
+        events: Sequence[PendingEvent] = (),
+        correlation_id: str | None = None,
     ) -> None:
-        """Mark the claimed operation ``completed`` with its result (same transaction as the effect).
+        """Mark the claimed operation ``completed`` with its result and write its outbox
+        ``events``, in one statement of the caller's transaction (the effect's transaction).
 
         Raises:
             RuntimeError: the row was not ``processing`` (changed inside the handler's transaction).
         """
-        body = None if result.body is None else Jsonb(result.body)
-        cur = await conn.execute(self._complete, (result.status, result.reference, body, scope, key))
+        params: dict[str, Any] = {
+            "status": result.status,
+            "reference": result.reference,
+            "body": None if result.body is None else Jsonb(result.body),
+            "scope": identity.scope,
+            "key": identity.key,
+        }
+        statement = self._complete
+        if events:
+            params.update(events_params(events, identity, correlation_id))
+            statement = self._complete_with_events
+        cur = await conn.execute(statement, params)
         if cur.rowcount != 1:
-            raise RuntimeError(f"ledger row {scope}/{key} was not processing at completion")
+            raise RuntimeError(f"ledger row {identity.scope}/{identity.key} was not processing at completion")
 
     async def record_failure(
         self,
@@ -312,7 +342,6 @@ async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
 
     Returns the migration versions applied by this call (empty when already up to date).
     """
-    from consumer_kit.outbox import OUTBOX_MIGRATIONS, notify_channel
 
     schema_id = sql.Identifier(schema)
     applied_now: list[int] = []

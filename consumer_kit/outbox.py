@@ -1,4 +1,5 @@
-"""The transactional outbox: the ``outbox`` table and the writer handlers use through ``ctx.publish``.
+"""The transactional outbox: the ``outbox`` table, the events handlers publish (written with the
+ledger's completion, see :func:`events_cte`) and a writer for code outside handlers.
 
 All outbox SQL used by the core lives here; the relay's claim/mark statements live in
 ``outbox_relay`` next to the loop that uses them (they are the relay's own protocol).
@@ -6,12 +7,13 @@ All outbox SQL used by the core lives here; the relay's claim/mark statements li
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, sql
-from psycopg.types.json import Jsonb
 
 from consumer_kit.identity import OperationIdentity
 
@@ -108,8 +110,96 @@ def notify_channel(schema: str) -> str:
     return schema + NOTIFY_CHANNEL_SUFFIX
 
 
+@dataclass(frozen=True)
+class PendingEvent:
+    """An event a handler published, written to the outbox with the ledger's completion.
+
+    ``payload`` and ``headers`` are JSON text, serialised when the handler called ``publish`` so
+    that an unserialisable event fails there, in the handler, not at COMMIT time.
+    """
+
+    event_id: uuid.UUID
+    destination: str
+    routing_key: str
+    message_type: str
+    partition_key: str | None
+    payload: str
+    headers: str
+
+
+def pending_event(
+    *,
+    destination: str,
+    routing_key: str,
+    message_type: str,
+    payload: Any,
+    partition_key: str | None,
+    headers: Mapping[str, str],
+) -> PendingEvent:
+    """A :class:`PendingEvent` with a new event ID.
+
+    Raises:
+        ValueError: empty destination.
+        TypeError: payload or headers not JSON-serialisable.
+    """
+    if not destination:
+        raise ValueError("destination must be a non-empty outbox destination name")
+    return PendingEvent(
+        event_id=uuid.uuid4(),
+        destination=destination,
+        routing_key=routing_key,
+        message_type=message_type,
+        partition_key=partition_key,
+        payload=json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
+        headers=json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False),
+    )
+
+
+def events_cte(schema: str) -> sql.Composed:
+    """``events AS (INSERT INTO <schema>.outbox ... RETURNING 1)``: a WITH item that writes the
+    ``%(ev_*)s`` arrays of :func:`events_params` in publish order, for a statement that also
+    completes the ledger row (one round trip for both). PostgreSQL runs a data-modifying WITH item
+    to completion whether or not the main statement reads it."""
+    return sql.SQL(
+        """
+        events AS (
+            INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
+                                 payload, headers, operation_scope, operation_key, correlation_id)
+            SELECT e.event_id, e.destination, e.routing_key, e.message_type, e.partition_key,
+                   e.payload::jsonb, e.headers::jsonb, %(ev_scope)s, %(ev_key)s, %(ev_correlation)s
+              FROM unnest(%(ev_ids)s::uuid[], %(ev_destinations)s::text[], %(ev_routing_keys)s::text[],
+                          %(ev_types)s::text[], %(ev_partitions)s::text[], %(ev_payloads)s::text[],
+                          %(ev_headers)s::text[])
+                   WITH ORDINALITY AS e(event_id, destination, routing_key, message_type,
+                                        partition_key, payload, headers, position)
+             ORDER BY e.position
+            RETURNING 1
+        )
+        """
+    ).format(table=sql.Identifier(schema, "outbox"))
+
+
+def events_params(
+    events: Sequence[PendingEvent], operation: OperationIdentity, correlation_id: str | None
+) -> dict[str, Any]:
+    """The parameters :func:`events_cte` reads."""
+    return {
+        "ev_ids": [e.event_id for e in events],
+        "ev_destinations": [e.destination for e in events],
+        "ev_routing_keys": [e.routing_key for e in events],
+        "ev_types": [e.message_type for e in events],
+        "ev_partitions": [e.partition_key for e in events],
+        "ev_payloads": [e.payload for e in events],
+        "ev_headers": [e.headers for e in events],
+        "ev_scope": operation.scope,
+        "ev_key": operation.key,
+        "ev_correlation": correlation_id,
+    }
+
+
 class OutboxWriter:
-    """Writes outbox rows inside the caller's transaction."""
+    """Writes one outbox row at once, inside the caller's transaction: for code outside a handler
+    (an API endpoint that must publish exactly what it commits). Handlers use ``ctx.publish``."""
 
     def __init__(self, schema: str) -> None:
         # Composed once: the schema never changes, so execute need not render it every time.
@@ -117,7 +207,7 @@ class OutboxWriter:
             """
             INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
                                  payload, headers, operation_scope, operation_key, correlation_id)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s, %s, %s)
             """
         ).format(table=sql.Identifier(schema, "outbox")).as_bytes(None)
 
@@ -129,28 +219,34 @@ class OutboxWriter:
         routing_key: str,
         message_type: str,
         payload: Any,
-        partition_key: str | None,
-        headers: Mapping[str, str],
-        operation: OperationIdentity | None,
-        correlation_id: str | None,
+        partition_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        operation: OperationIdentity | None = None,
+        correlation_id: str | None = None,
     ) -> uuid.UUID:
-        """Insert one event row; returns its event ID. Raises ``ValueError`` on an empty destination."""
-        if not destination:
-            raise ValueError("destination must be a non-empty outbox destination name")
-        event_id = uuid.uuid4()
+        """Insert one event row; returns its event ID.
+
+        Raises:
+            ValueError: empty destination.
+            TypeError: payload or headers not JSON-serialisable.
+        """
+        event = pending_event(
+            destination=destination, routing_key=routing_key, message_type=message_type,
+            payload=payload, partition_key=partition_key, headers=headers or {},
+        )
         await conn.execute(
             self._insert,
             (
-                event_id,
-                destination,
-                routing_key,
-                message_type,
-                partition_key,
-                Jsonb(payload),
-                Jsonb(dict(headers)),
+                event.event_id,
+                event.destination,
+                event.routing_key,
+                event.message_type,
+                event.partition_key,
+                event.payload,
+                event.headers,
                 operation.scope if operation else None,
                 operation.key if operation else None,
                 correlation_id,
             ),
         )
-        return event_id
+        return event.event_id

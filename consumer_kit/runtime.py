@@ -49,7 +49,6 @@ from consumer_kit.errors import (
 from consumer_kit.handler import Context, Handler, Result
 from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, fingerprint, normalize_key
 from consumer_kit.ledger import Ledger, OperationRow
-from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry import Counters, describe_error, record, tracer
@@ -115,7 +114,6 @@ class Runtime:
         self.settings = settings
         self.worker_id = worker_id or default_worker_id()
         self.ledger = Ledger(settings.db_schema)
-        self.outbox = OutboxWriter(settings.db_schema)
         self.counters = Counters()
         self.observers: list[Callable[[DeliveryReport], None]] = []  # called with every report
 
@@ -312,7 +310,7 @@ class Runtime:
                     reason="lease_taken_by_another_worker",
                 )
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
-        ctx = Context(conn, identity, envelope, self.outbox)
+        ctx = Context(conn, identity, envelope)
         # A PermanentFailure propagates: the whole transaction (claim included) rolls back and
         # _execute records the failure in a transaction of its own (DESIGN.md step 8). No
         # savepoint on the common path: it would cost two round trips on every delivery.
@@ -324,7 +322,9 @@ class Runtime:
         _ensure_transaction_usable(conn)
         crashpoints.reached(CrashPoint.IN_HANDLER)
         stored = _stored(result)
-        await self.ledger.complete(conn, identity.scope, identity.key, stored)
+        await self.ledger.complete(
+            conn, identity, stored, events=ctx.events, correlation_id=envelope.correlation_id
+        )
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return _Settle(outcome, Settlement.ACK, result=stored)
 

@@ -46,7 +46,7 @@ async def test_failure_is_recorded_on_an_empty_key(ledger_conn) -> None:
 async def test_failure_never_overwrites_a_completed_or_failed_row(ledger_conn) -> None:
     ledger, conn = ledger_conn
     await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
-    await ledger.complete(conn, IDENTITY.scope, IDENTITY.key, StoredResult("created", "7"))
+    await ledger.complete(conn, IDENTITY, StoredResult("created", "7"))
     assert not await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
     assert await _state(ledger, conn) == ("completed", "created")
 
@@ -70,3 +70,29 @@ async def test_park_moves_processing_to_needs_reconciliation_only(ledger_conn) -
     await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
     await ledger.park(conn, IDENTITY, message_id="m", error_class="E", detail="handler committed")
     assert (await _state(ledger, conn))[0] == "needs_reconciliation"
+
+
+async def test_completion_writes_the_events_in_publish_order(ledger_conn) -> None:
+    from consumer_kit.outbox import pending_event
+
+    ledger, conn = ledger_conn
+    events = [
+        pending_event(destination="d", routing_key=f"r{i}", message_type="E", payload={"i": i},
+                      partition_key="p" if i % 2 else None, headers={"h": str(i)})
+        for i in range(5)
+    ]
+    await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    await ledger.complete(conn, IDENTITY, StoredResult("ok", None), events=events, correlation_id="c-9")
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT event_id, routing_key, payload, headers, operation_key, correlation_id, partition_key"
+            " FROM {} ORDER BY id"
+        ).format(sql.Identifier(ledger.schema, "outbox"))
+    )
+    rows = await cur.fetchall()
+    assert [r[0] for r in rows] == [e.event_id for e in events]
+    assert [r[1] for r in rows] == [f"r{i}" for i in range(5)]
+    assert [r[2] for r in rows] == [{"i": i} for i in range(5)]
+    assert rows[3][3] == {"h": "3"} and rows[3][4] == IDENTITY.key and rows[3][5] == "c-9"
+    assert [r[6] for r in rows] == [None, "p", None, "p", None]
+    assert await _state(ledger, conn) == ("completed", "ok")
