@@ -121,69 +121,6 @@ async def run_naive(args: argparse.Namespace, progress: _Progress, stop: asyncio
 # -- consumer-kit -----------------------------------------------------------------------------
 
 
-def make_ck_app(schema: str) -> Any:
-    """The invoices example's handler with schema-qualified SQL: the same statements the naive
-    and Powertools consumers run, so only the framework differs."""
-    import datetime as dt
-
-    from pydantic import BaseModel, Field
-
-    from consumer_kit import App, Context, Envelope, Handler, Result
-
-    effect = EffectSQL.for_schema(schema)
-
-    class CreateInvoice(BaseModel):
-        order_id: int
-        revision: int
-        customer_id: str = Field(min_length=1, max_length=100)
-        amount_cents: int
-        currency: str = Field(min_length=3, max_length=3)
-        requested_at: dt.datetime
-
-    class InvoiceCreated(BaseModel):
-        invoice_id: int
-        order_id: int
-        revision: int
-        customer_id: str
-        amount_cents: int
-
-    class CreateInvoiceHandler(Handler[CreateInvoice]):
-        operation_type = "invoice.create"
-        fingerprint_exclude = {"requested_at"}  # noqa: RUF012 - as in the invoices example
-
-        def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
-            return f"order-{message.order_id}-rev-{message.revision}"
-
-        async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
-            conn = ctx.connection
-            cur = await conn.execute(
-                effect.insert_invoice,
-                (message.order_id, message.revision, message.customer_id, message.amount_cents,
-                 message.currency),
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            invoice_id = int(row[0])
-            await conn.execute(effect.add_to_customer, (message.customer_id, message.amount_cents))
-            await ctx.publish(
-                InvoiceCreated(
-                    invoice_id=invoice_id, order_id=message.order_id, revision=message.revision,
-                    customer_id=message.customer_id, amount_cents=message.amount_cents,
-                ),
-                destination="billing.events",
-                routing_key="invoice.created",
-                partition_key=message.customer_id,
-            )
-            return Result(status="created", reference=str(invoice_id))
-
-    app = App("bench-invoices")
-    app.subscribe(QUEUE_PLACEHOLDER, CreateInvoiceHandler())
-    return app
-
-
-QUEUE_PLACEHOLDER = "__queue__"
-
-
 def ck_settings(args: argparse.Namespace) -> Any:
     from consumer_kit import Settings
 
@@ -191,6 +128,7 @@ def ck_settings(args: argparse.Namespace) -> Any:
         database_url=bench_db_url(),
         broker_url=AMQP_URL,
         db_schema=args.schema,
+        search_path=args.schema,
         concurrency=args.concurrency,
         max_deliveries=MAX_DELIVERIES,
         in_progress_delay=1.0,
@@ -199,35 +137,24 @@ def ck_settings(args: argparse.Namespace) -> Any:
 
 
 async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    """The invoices example's own handler (``examples/invoices/app.py``); its unqualified table
+    names resolve to the benchmark schema through ``search_path``."""
     from consumer_kit import App
     from consumer_kit.worker import Worker
+    from examples.invoices.app import CreateInvoiceHandler
 
-    template = make_ck_app(args.schema)
     app = App("bench-invoices")
-    for handler in template.routes[QUEUE_PLACEHOLDER].values():
-        app.subscribe(args.queue, handler)
+    app.subscribe(args.queue, CreateInvoiceHandler())
     settings = ck_settings(args)
-    worker = Worker(app, settings)  # the adapter for amqp:// comes from the entry point
+    # on_report counts each finished delivery as it happens: no polling loop in the measured process
+    worker = Worker(app, settings, on_report=lambda _report: progress.tick())
     task = asyncio.create_task(worker.run())
     await worker.started.wait()
     assert worker.runtime is not None
     counters = worker.runtime.counters
-    seen = 0
-
-    async def poll() -> None:
-        nonlocal seen
-        while True:
-            total = sum(counters.snapshot().values())
-            if total > seen:
-                progress.tick(total - seen)
-                seen = total
-            await asyncio.sleep(0.005)
-
-    poller = asyncio.create_task(poll())
     try:
         await _wait(progress, stop, also=task)
     finally:
-        poller.cancel()
         worker.stop()
         try:
             await asyncio.wait_for(task, 30)
@@ -236,7 +163,6 @@ async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Ev
     if not progress.done.is_set() and task.done() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
     print(json.dumps({"counters": counters.snapshot()}), file=sys.stderr)
-
 
 
 # -- Powertools -------------------------------------------------------------------------------

@@ -9,8 +9,9 @@
    unique index, bounded by ``lock_timeout``: then ``in_progress``);
 5. an existing row decides: duplicate, replayed failure, payload conflict, in progress, or an
    expired lease to recover;
-6. run the handler in the same transaction (permanent failure: roll back to a savepoint and
-   record a retained ``failed`` row instead);
+6. run the handler in the same transaction; complete the ledger row and write the outbox events
+   it published in one statement (a permanent failure rolls everything back and records a
+   retained ``failed`` row in a transaction of its own);
 7. COMMIT, then settle. A COMMIT whose reply is lost is *uncertain*: never acked.
 8. Retryable errors roll back and retry with backoff; after ``max_deliveries``, dead-letter.
 """
