@@ -829,7 +829,8 @@ class RabbitMQPublisher(Publisher):
         if isinstance(result, aiormq.abc.DeliveredMessage):  # returned: nothing bound
             if message.destination == "":
                 raise PublishError(
-                    f"no queue {message.routing_key!r} for message_id={message.message_id}"
+                    f"no queue {message.routing_key!r} for message_id={message.message_id}",
+                    transient=False,
                 )
             logger.debug(
                 "no binding on exchange %s for routing key %s; message_id=%s published unrouted",

@@ -153,7 +153,18 @@ class OutgoingMessage:
 
 
 class PublishError(Exception):
-    """The broker did not confirm a publish (nack, return, timeout or lost connection)."""
+    """The broker did not confirm a publish (nack, return, timeout or lost connection).
+
+    Attributes:
+        transient: ``True`` (default) when the broker or the connection is at fault and the same
+            message will go through once it is back (connection lost, timeout, nack); ``False``
+            when this message cannot be delivered as addressed (no such queue). The relay backs
+            off a transient failure briefly and never parks a row for it.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class Publisher(abc.ABC):

@@ -33,7 +33,7 @@ from psycopg import AsyncConnection, sql
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from consumer_kit import crashpoints
-from consumer_kit.broker import OutgoingMessage, Publisher
+from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
@@ -280,7 +280,8 @@ class Relay:
             await asyncio.gather(*pending, return_exceptions=True)
             self.counters.add("deadline_exceeded", len(pending))
             failures.extend(
-                Failure(tasks[t].id, "not confirmed before the claim lease ran low") for t in pending
+                Failure(tasks[t].id, "not confirmed before the claim lease ran low", transient=True)
+                for t in pending
             )
         for task in done:
             exc = task.exception()
@@ -317,7 +318,8 @@ class Relay:
                     "publish failed event_id=%s destination=%s attempt=%s: %s",
                     row.event_id, row.destination, row.attempts + 1, error,
                 )
-                return Failure(row.id, error)
+                # The broker's or the connection's fault, not the row's: short backoff, no parking.
+                return Failure(row.id, error, transient=isinstance(exc, PublishError) and exc.transient)
         return None
 
     def _outgoing(

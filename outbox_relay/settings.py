@@ -59,6 +59,10 @@ class RelaySettings(Settings):
     )
     relay_backoff_base: float = Field(default=1.0, gt=0, description="First retry delay.")
     relay_backoff_max: float = Field(default=300.0, gt=0, description="Longest retry delay.")
+    relay_transient_backoff_max: float = Field(
+        default=5.0, gt=0,
+        description="Longest retry delay after a broker/connection failure (such rows never park).",
+    )
     relay_ordered: bool = Field(
         default=True,
         description="Publish rows of one partition key one at a time in commit order.",

@@ -66,11 +66,15 @@ class ClaimedRow:
 @dataclass(frozen=True)
 class Failure:
     """A row whose publish failed: ``error`` is a short text without payload; ``park`` parks it
-    at once (an unknown destination cannot succeed on retry)."""
+    at once (an unknown destination cannot succeed on retry); ``transient`` marks a failure of the
+    broker or the connection rather than of the row: it is retried after at most
+    ``transient_backoff_max`` seconds and never parks the row (a long outage must not park the
+    whole outbox, nor leave every partition key blocked behind a long backoff)."""
 
     id: int
     error: str
     park: bool = False
+    transient: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class OutboxStore:
         claim_timeout: lease length (seconds).
         backoff_base: first retry delay (seconds); doubles per failed attempt.
         backoff_max: longest retry delay (seconds).
+        transient_backoff_max: longest retry delay after a broker or connection failure (seconds).
     """
 
     @classmethod
@@ -128,6 +133,7 @@ class OutboxStore:
             claim_timeout=settings.relay_claim_timeout,
             backoff_base=settings.relay_backoff_base,
             backoff_max=settings.relay_backoff_max,
+            transient_backoff_max=settings.relay_transient_backoff_max,
         )
 
     def __init__(
@@ -139,6 +145,7 @@ class OutboxStore:
         claim_timeout: float,
         backoff_base: float,
         backoff_max: float,
+        transient_backoff_max: float = 5.0,
     ) -> None:
         self.schema = schema
         self.relay_id = relay_id
@@ -146,6 +153,7 @@ class OutboxStore:
         self.claim_timeout = claim_timeout
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.transient_backoff_max = transient_backoff_max
         table = sql.Identifier(schema, "outbox")
         self._claim_ordered = _CLAIM.format(table=table, key_is_head=_KEY_IS_HEAD.format(table=table))
         self._claim_unordered = _CLAIM.format(table=table, key_is_head=sql.SQL("TRUE"))
@@ -187,8 +195,9 @@ class OutboxStore:
 
     async def mark_failed(self, conn: AsyncConnection[Any], failures: Sequence[Failure]) -> list[int]:
         """Record failed publishes in one statement: ``attempts + 1``, ``last_error``,
-        ``available_at = now() + min(backoff_max, backoff_base * 2**attempts)`` seconds, lease
-        released. Only rows this relay still holds are changed. Returns the ids now parked."""
+        ``available_at = now() + min(backoff_max, backoff_base * 2**attempts)`` seconds (a transient
+        failure: at most ``transient_backoff_max``, and never parked), lease released. Only rows this
+        relay still holds are changed. Returns the ids now parked."""
         if not failures:
             return []
         cur = await conn.execute(
@@ -197,6 +206,8 @@ class OutboxStore:
                 "ids": [f.id for f in failures],
                 "errors": [f.error[:1000] for f in failures],
                 "park": [f.park for f in failures],
+                "transient": [f.transient for f in failures],
+                "transient_max_delay": self.transient_backoff_max,
                 "relay_id": self.relay_id,
                 "base": self.backoff_base,
                 "max_delay": self.backoff_max,
@@ -309,13 +320,16 @@ _MARK_FAILED = sql.SQL(
     """
     UPDATE {table} AS t
        SET attempts = CASE WHEN f.park THEN greatest(t.attempts + 1, %(max_attempts)s)
+                           WHEN f.transient THEN least(t.attempts + 1, %(max_attempts)s - 1)
                            ELSE t.attempts + 1 END,
            last_error = f.error,
            available_at = now() + make_interval(
-               secs => least(%(max_delay)s, %(base)s * power(2, least(t.attempts, 30)))),
+               secs => least(CASE WHEN f.transient THEN %(transient_max_delay)s ELSE %(max_delay)s END,
+                             %(base)s * power(2, least(t.attempts, 30)))),
            claimed_by = NULL,
            claimed_until = NULL
-      FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[]) AS f(id, error, park)
+      FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[],
+                  %(transient)s::boolean[]) AS f(id, error, park, transient)
      WHERE t.id = f.id AND t.published_at IS NULL AND t.claimed_by = %(relay_id)s
     RETURNING t.id, t.attempts >= %(max_attempts)s
     """

@@ -52,7 +52,8 @@ class FailingFor(Publisher):
 
     async def publish(self, message: OutgoingMessage) -> None:
         if message.partition_key in self.bad:
-            raise PublishError(f"simulated nack for message_id={message.message_id}")
+            # a row-level failure (as for a message no queue can take), not a broker outage
+            raise PublishError(f"simulated nack for message_id={message.message_id}", transient=False)
         await self.inner.publish(message)
 
     async def close(self) -> None:
@@ -187,6 +188,33 @@ async def test_backoff_doubles_up_to_the_maximum(database_url: str) -> None:
                 delay, attempts = await cur.fetchone()
                 delays.append(round(float(delay)))
             assert delays == [1, 2, 4, 5, 5] and attempts == 5
+
+
+async def test_transient_failures_back_off_briefly_and_never_park(database_url: str) -> None:
+    """A broker outage is not the row's fault: the backoff stops at transient_backoff_max and the
+    row stays claimable however often it fails (the chaos run found rows parked, or blocking their
+    key for minutes, after many connection closes)."""
+    async with throwaway_schema(database_url) as schema:
+        table = f'"{schema}".outbox'
+        async with await connect(database_url) as conn:
+            (event_id,) = await write_events(conn, schema, [Event("d", partition_key="k")])
+            store = OutboxStore(schema, relay_id="r1", max_attempts=3, claim_timeout=30,
+                                backoff_base=1.0, backoff_max=300.0, transient_backoff_max=2.0)
+            from outbox_relay.store import Failure
+
+            delays = []
+            for _ in range(6):
+                await conn.execute(f"UPDATE {table} SET available_at = now()")
+                (row,) = await store.claim(conn, 10)
+                assert row.event_id == event_id
+                assert await store.mark_failed(conn, [Failure(row.id, "connection lost", transient=True)]) == []
+                cur = await conn.execute(
+                    f"SELECT extract(epoch FROM available_at - now()), attempts, last_error FROM {table}")
+                delay, attempts, last_error = await cur.fetchone()
+                delays.append(round(float(delay)))
+            assert delays == [1, 2, 2, 2, 2, 2]
+            assert attempts == 2 and last_error == "connection lost"  # below max_attempts: not parked
+            assert (await store.status(conn)).parked == 0
 
 
 async def test_commit_order_not_id_order_per_key(database_url: str) -> None:
