@@ -20,6 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from examples.invoices.app import SCHEMA_SQL as INVOICES_SCHEMA_SQL
+
 logger = logging.getLogger("benchmarks")
 
 PG_ADMIN_URL = os.environ.get("CK_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -51,21 +53,8 @@ def ensure_database() -> str:
 
 # -- the business effect ----------------------------------------------------------------------
 
-APP_TABLES_SQL = """
-CREATE TABLE IF NOT EXISTS {schema}.invoices (
-    invoice_id   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id     bigint NOT NULL,
-    revision     integer NOT NULL,
-    customer_id  text NOT NULL,
-    amount_cents bigint NOT NULL,
-    currency     text NOT NULL,
-    created_at   timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS {schema}.customers (
-    customer_id    text PRIMARY KEY,
-    invoiced_cents bigint NOT NULL DEFAULT 0
-);
-"""
+# The business effect's tables are the invoices example's own (examples/invoices/app.py).
+APP_TABLES_SQL = INVOICES_SCHEMA_SQL
 
 
 @dataclass(frozen=True)
@@ -139,7 +128,8 @@ def create_schema(db_url: str, schema: str) -> None:
 
     asyncio.run(_go())
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(sql.SQL(APP_TABLES_SQL).format(schema=sql.Identifier(schema)))
+        conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
+        conn.execute(APP_TABLES_SQL)
 
 
 def drop_schema(db_url: str, schema: str) -> None:
