@@ -16,6 +16,7 @@ from consumer_kit.errors import (
 )
 from consumer_kit.handler import Context, Handler, Result
 from consumer_kit.identity import OperationIdentity, canonical_json, fingerprint
+from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
 
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidMessage",
     "OperationIdentity",
     "Outcome",
+    "OutboxWriter",
     "OutgoingMessage",
     "PermanentFailure",
     "PublishError",

@@ -1,0 +1,34 @@
+"""OutboxWriter: code outside a handler (an API endpoint) writes events in its own transaction."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from consumer_kit import OutboxWriter
+from tests.harness import throwaway_schema
+
+
+async def test_events_commit_and_roll_back_with_the_callers_transaction(database_url: str) -> None:
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        writer = OutboxWriter(schema)
+        outbox = sql.Identifier(schema, "outbox")
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            async with conn.transaction():
+                kept = await writer.add(
+                    conn, destination="billing.events", routing_key="invoice.created",
+                    message_type="InvoiceCreated", payload={"invoice_id": 7}, partition_key="c-1",
+                )
+            with pytest.raises(RuntimeError):
+                async with conn.transaction():
+                    await writer.add(conn, destination="billing.events", routing_key="x",
+                                     message_type="Lost", payload={})
+                    raise RuntimeError("the endpoint failed after writing")
+            cur = await conn.execute(
+                sql.SQL("SELECT event_id, message_type, payload, partition_key, commit_seq IS NOT NULL"
+                        " FROM {}").format(outbox)
+            )
+            assert await cur.fetchall() == [(kept, "InvoiceCreated", {"invoice_id": 7}, "c-1", True)]
+            with pytest.raises(ValueError, match="destination"):
+                await writer.add(conn, destination="", routing_key="", message_type="E", payload={})
