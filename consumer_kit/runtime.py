@@ -503,7 +503,8 @@ async def open_pool(
 
     ``lock_timeout`` bounds how long a claim waits on a concurrent claimer of the same key (and any
     lock the handler waits on): past it the delivery is retried as ``in_progress``. ``search_path``
-    (e.g. ``"app,public"``) sets where the handlers' unqualified table names resolve.
+    (e.g. ``"app,public"``) sets where the handlers' unqualified table names resolve. With
+    ``settings.outbox_notify`` off, the sessions' outbox writes send no NOTIFY.
 
     Raises:
         ConfigurationError: PostgreSQL cannot be reached or refuses the URL (checked with one
@@ -512,6 +513,8 @@ async def open_pool(
     await _probe(database_url)
     lock_ms = int(settings.lock_timeout * 1000)
     options = f"-c lock_timeout={lock_ms}"
+    if not settings.outbox_notify:
+        options += " -c consumer_kit.outbox_notify=off"
     if search_path:
         options += f" -c search_path={search_path}"
     pool = AsyncConnectionPool(

@@ -47,6 +47,11 @@ class Settings(BaseSettings):
     handler_timeout: float = Field(default=60.0, gt=0, description="Longest handler run.")
     settle_timeout: float = Field(default=10.0, gt=0, description="Longest wait on a settlement.")
     shutdown_timeout: float = Field(default=30.0, gt=0, description="Longest wait for in-flight work.")
+    outbox_notify: bool = Field(
+        default=True,
+        description="NOTIFY the relay on each transaction that writes outbox rows. Off: the relay"
+        " polls (set CONSUMER_KIT_RELAY_POLL_INTERVAL low); commits no longer serialise on NOTIFY.",
+    )
     summary_interval: float = Field(
         default=10.0, gt=0, description="Seconds between the worker's INFO lines of outcome counts."
     )

@@ -32,3 +32,26 @@ async def test_events_commit_and_roll_back_with_the_callers_transaction(database
             assert await cur.fetchall() == [(kept, "InvoiceCreated", {"invoice_id": 7}, "c-1", True)]
             with pytest.raises(ValueError, match="destination"):
                 await writer.add(conn, destination="", routing_key="", message_type="E", payload={})
+
+
+async def test_outbox_notify_can_be_switched_off_per_session(database_url: str) -> None:
+    """Sessions opened with ``-c consumer_kit.outbox_notify=off`` (CONSUMER_KIT_OUTBOX_NOTIFY=false)
+    write outbox rows without NOTIFY. Notifications arrive in commit order, so if the first one
+    comes from the session that left the setting on, the silent session sent none."""
+    from consumer_kit.outbox import notify_channel
+
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        writer = OutboxWriter(schema)
+        async with (
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as listener,
+            await psycopg.AsyncConnection.connect(
+                database_url, autocommit=True, options="-c consumer_kit.outbox_notify=off"
+            ) as silent,
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as loud,
+        ):
+            await listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel(schema))))
+            for conn in (silent, loud):
+                async with conn.transaction():
+                    await writer.add(conn, destination="d", routing_key="", message_type="E", payload={})
+            first = [n async for n in listener.notifies(timeout=10, stop_after=1)]
+            assert [n.pid for n in first] == [loud.info.backend_pid]
