@@ -194,8 +194,10 @@ class MemoryDelivery(Delivery):
         self._unlock()
         self._broker._finished()
 
-    async def _retry(self, delay: float) -> None:
+    async def _retry(self, delay: float, count: bool) -> None:
         self._unlock()
+        if not count:
+            self._message.deliveries -= 1
         self._broker._enqueue_later(self.queue, self._message, delay)
 
     async def _dead_letter(self, reason: str, detail: str) -> None:

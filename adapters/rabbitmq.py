@@ -195,10 +195,11 @@ class RabbitMQDelivery(Delivery):
     async def _ack(self) -> None:
         await settle_quietly(self._message.ack(), timeout=self._settle_timeout, what=self._what("ack"))
 
-    async def _retry(self, delay: float) -> None:
+    async def _retry(self, delay: float, count: bool) -> None:
         target = self._topology.retry_queue_for(delay)
         headers = self._copy_headers()
-        headers[DELIVERIES_HEADER] = self.delivery_count
+        # the copy carries the deliveries before it; an uncounted retry leaves this one out
+        headers[DELIVERIES_HEADER] = self.delivery_count if count else self.delivery_count - 1
         if await self._publish_copy(target, headers, "retry"):
             await self._ack()
         else:

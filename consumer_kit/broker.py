@@ -64,10 +64,15 @@ class Delivery(abc.ABC):
         if self._claim_settlement(Settlement.ACK):
             await self._ack()
 
-    async def retry(self, delay: float = 0.0) -> None:
-        """Give the message back to be delivered again after ``delay`` seconds (>= 0)."""
+    async def retry(self, delay: float = 0.0, *, count: bool = True) -> None:
+        """Give the message back to be delivered again after ``delay`` seconds (>= 0).
+
+        ``count=False`` asks the adapter not to count this delivery towards the next delivery
+        count, where the broker lets it (RabbitMQ and memory: yes; SQS and Service Bus count every
+        receive themselves): the runtime uses it for ``in_progress``, which is not a failure, so
+        waiting behind a long-running duplicate does not use up ``max_deliveries``."""
         if self._claim_settlement(Settlement.RETRY):
-            await self._retry(max(0.0, delay))
+            await self._retry(max(0.0, delay), count)
 
     async def dead_letter(self, reason: str, detail: str = "") -> None:
         """Move the message to the dead-letter queue with a machine-readable ``reason`` code and a
@@ -95,7 +100,7 @@ class Delivery(abc.ABC):
     async def _ack(self) -> None: ...
 
     @abc.abstractmethod
-    async def _retry(self, delay: float) -> None: ...
+    async def _retry(self, delay: float, count: bool) -> None: ...
 
     @abc.abstractmethod
     async def _dead_letter(self, reason: str, detail: str) -> None: ...

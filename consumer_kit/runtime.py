@@ -417,7 +417,8 @@ class Runtime:
                 if decision.how is Settlement.ACK:
                     await delivery.ack()
                 elif decision.how is Settlement.RETRY:
-                    await delivery.retry(decision.delay)
+                    # waiting for another worker is not a failed attempt: do not count it
+                    await delivery.retry(decision.delay, count=decision.outcome is not Outcome.IN_PROGRESS)
                 elif decision.how is Settlement.DEAD_LETTER:
                     await delivery.dead_letter(decision.reason or "unknown", decision.detail)
                 else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 
@@ -117,3 +118,24 @@ def test_a_synchronous_handle_is_refused_at_start() -> None:
 
     with pytest.raises(ConfigurationError, match="must be `async def`"):
         Sync()
+
+
+async def test_memory_broker_uncounted_retry_keeps_the_delivery_count() -> None:
+    broker = MemoryBroker(lock_timeout=5)
+    broker.send(QUEUE, b"{}")
+    seen: asyncio.Queue = asyncio.Queue()
+
+    async def on_delivery(delivery):
+        await seen.put(delivery.delivery_count)
+        if delivery.delivery_count == 1 and seen.qsize() == 1:
+            await delivery.retry(0, count=False)  # in_progress: not a failed attempt
+        elif seen.qsize() == 2:
+            await delivery.retry(0)  # a failure: counted
+        else:
+            await delivery.ack()
+
+    consumer = MemoryConsumer(broker)
+    await consumer.subscribe(QUEUE, on_delivery, prefetch=1)
+    await broker.wait_idle(5)
+    await consumer.close()
+    assert [seen.get_nowait() for _ in range(3)] == [1, 1, 2]
