@@ -79,6 +79,16 @@ _REFUSED = (aiormq.exceptions.AuthenticationError, aiormq.exceptions.ProbableAut
             aiormq.exceptions.ConnectionNotAllowed)
 
 
+async def _close_quietly(connection: AbstractConnection | None, timeout: float, whose: str) -> None:
+    """Close ``connection`` within ``timeout`` seconds, ignoring errors: it is going away either way."""
+    if connection is None or connection.is_closed:
+        return
+    try:
+        await asyncio.wait_for(connection.close(), timeout)
+    except Exception as exc:  # noqa: BLE001 - it is going away either way
+        logger.debug("closing the %s connection failed (%s)", whose, type(exc).__name__)
+
+
 def _describe(exc: BaseException | None) -> str:
     """``"ErrorClass: first line"`` of an exception, for one-line logs and errors."""
     if exc is None:
@@ -519,12 +529,7 @@ class RabbitMQConsumer(Consumer):
         self._generation += 1  # callbacks of the old connection no longer count
         for subscription in self._subscriptions.values():
             subscription.channel = subscription.amqp_queue = subscription.consumer_tag = None
-        if connection is None or connection.is_closed:
-            return
-        try:
-            await asyncio.wait_for(connection.close(), self._settle_timeout)
-        except Exception as exc:  # noqa: BLE001 - it is going away either way
-            logger.debug("closing the connection failed (%s)", type(exc).__name__)
+        await _close_quietly(connection, self._settle_timeout, "consumer")
 
     def _on_loss(self, generation: int, what: str) -> Any:
         def callback(*_: Any) -> None:
@@ -882,12 +887,7 @@ class RabbitMQPublisher(Publisher):
     async def _reset(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         self._exchanges.clear()
-        if connection is None or connection.is_closed:
-            return
-        try:
-            await asyncio.wait_for(connection.close(), self._confirm_timeout)
-        except Exception as exc:  # noqa: BLE001 - it is going away either way
-            logger.debug("closing the publisher connection failed (%s)", type(exc).__name__)
+        await _close_quietly(connection, self._confirm_timeout, "publisher")
 
 
 def consumer_from_settings(settings: Any) -> RabbitMQConsumer:

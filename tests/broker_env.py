@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -112,6 +113,20 @@ class Env:
 
     async def rows(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         return await fetch_all(self.database_url, self.schema, query, *params)
+
+    def worker_environment(self, **extra: str) -> dict[str, str]:
+        """Environment for a ``consumer-kit worker tests.apps.invoices_on_test_queue:app``
+        subprocess on this test's queue and schema, plus ``extra`` variables."""
+        return {
+            **os.environ,
+            "CK_TEST_QUEUE": self.queue,
+            "CONSUMER_KIT_DATABASE_URL": self.database_url,
+            "CONSUMER_KIT_BROKER_URL": self.rabbitmq_url,
+            "CONSUMER_KIT_DB_SCHEMA": self.schema,
+            "CONSUMER_KIT_SEARCH_PATH": self.schema,
+            "PYTHONPATH": os.getcwd(),
+            **extra,
+        }
 
     async def cleanup(self) -> None:
         await self.publisher.close()

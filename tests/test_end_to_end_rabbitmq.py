@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -156,18 +155,11 @@ async def test_permanent_failure_is_recorded_and_replayed(env: Env) -> None:
 
 
 def _worker_subprocess(env: Env, crash_at: str) -> subprocess.Popen[bytes]:
-    environment = {
-        **os.environ,
-        "CK_TEST_QUEUE": env.queue,
-        "CONSUMER_KIT_DATABASE_URL": env.database_url,
-        "CONSUMER_KIT_BROKER_URL": env.rabbitmq_url,
-        "CONSUMER_KIT_DB_SCHEMA": env.schema,
-        "CONSUMER_KIT_SEARCH_PATH": env.schema,
-        "CONSUMER_KIT_RETRY_DELAYS": "[0.2]",
-        "CONSUMER_KIT_IN_PROGRESS_DELAY": "0.2",
-        "CONSUMER_KIT_CRASH_AT": f"{crash_at}:kill",
-        "PYTHONPATH": os.getcwd(),
-    }
+    environment = env.worker_environment(
+        CONSUMER_KIT_RETRY_DELAYS="[0.2]",
+        CONSUMER_KIT_IN_PROGRESS_DELAY="0.2",
+        CONSUMER_KIT_CRASH_AT=f"{crash_at}:kill",
+    )
     return subprocess.Popen(
         [sys.executable, "-m", "consumer_kit", "worker", "tests.apps.invoices_on_test_queue:app"],
         env=environment,

@@ -94,15 +94,7 @@ def _children(pid: int) -> list[int]:
 
 
 async def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(env: Env) -> None:
-    environment = {
-        **os.environ,
-        "CK_TEST_QUEUE": env.queue,
-        "CONSUMER_KIT_DATABASE_URL": env.database_url,
-        "CONSUMER_KIT_BROKER_URL": env.rabbitmq_url,
-        "CONSUMER_KIT_DB_SCHEMA": env.schema,
-        "CONSUMER_KIT_SEARCH_PATH": env.schema,
-        "PYTHONPATH": os.getcwd(),
-    }
+    environment = env.worker_environment()
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "consumer_kit", "worker", "tests.apps.invoices_on_test_queue:app",
          "--processes", "2"],
