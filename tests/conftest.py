@@ -6,10 +6,12 @@ With ``CONSUMER_KIT_REQUIRE_SERVICES=1`` (CI), a missing service fails the test 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse, urlunparse
 
 import pytest
 
@@ -52,10 +54,52 @@ def database_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_url() -> str:
-    return _require(
-        "RabbitMQ", os.environ.get("CONSUMER_KIT_TEST_BROKER_URL", DEFAULT_BROKER_URL), 5672
+def rabbitmq_url() -> Iterator[str]:
+    """The broker URL of this test session's own vhost (``ck-test-<random>``), created with
+    ``rabbitmqctl add_vhost`` and deleted at the end, so tests never see or touch another run's
+    queues or connections on a shared broker. A URL that already names a vhost other than ``/``
+    is used as it is (a dedicated vhost someone made for the tests)."""
+    url = _require("RabbitMQ", os.environ.get("CONSUMER_KIT_TEST_BROKER_URL", DEFAULT_BROKER_URL), 5672)
+    parsed = urlparse(url)
+    if parsed.path not in ("", "/") or shutil.which("rabbitmqctl") is None:
+        yield url
+        return
+    vhost = "ck-test-" + uuid.uuid4().hex[:10]
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, parsed.username or "guest", ".*", ".*", ".*")
+        yield urlunparse(parsed._replace(path="/" + quote(vhost, safe="")))
+    finally:
+        rabbitmqctl("delete_vhost", vhost, check=False)
+
+
+def rabbitmqctl(*args: str, check: bool = True) -> str:
+    """Run ``rabbitmqctl -q ARGS`` and return its output. Commands that act on queues or
+    connections must pass ``-p <vhost>``: the broker is shared with other runs."""
+    result = subprocess.run(
+        ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=60, check=False
     )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def close_vhost_connections(vhost: str, reason: str = "test") -> int:
+    """Close every client connection to ``vhost`` (never another vhost's: the broker is shared);
+    returns how many were closed."""
+    closed = 0
+    for line in rabbitmqctl("list_connections", "pid", "vhost", "--no-table-headers").splitlines():
+        parts = line.split("\t") if "\t" in line else line.split()
+        if len(parts) >= 2 and parts[1].strip() == vhost:
+            rabbitmqctl("close_connection", parts[0].strip(), reason, check=False)
+            closed += 1
+    return closed
+
+
+def vhost_of(url: str) -> str:
+    """The vhost an AMQP URL names (``/`` when none)."""
+    path = urlparse(url).path
+    return "/" if path in ("", "/") else path[1:].replace("%2F", "/")
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from consumer_kit import Outcome
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.testing import Harness
 from examples.invoices.app import SCHEMA_SQL, CreateInvoiceHandler
+from tests.conftest import rabbitmqctl, vhost_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -286,15 +287,13 @@ async def _queue_depth(connection, queue: str) -> int:  # type: ignore[no-untype
 
 
 async def _queue_empty(connection, queue: str) -> bool:  # type: ignore[no-untyped-def]
-    return _rabbitmqctl_unsettled(queue) == 0 and await _queue_depth(connection, queue) == 0
+    vhost = vhost_of(str(connection.url))
+    return _rabbitmqctl_unsettled(vhost, queue) == 0 and await _queue_depth(connection, queue) == 0
 
 
-def _rabbitmqctl_unsettled(queue: str) -> int:
+def _rabbitmqctl_unsettled(vhost: str, queue: str) -> int:
     """Ready + unacknowledged messages as RabbitMQ counts them (``rabbitmqctl list_queues``)."""
-    out = subprocess.run(
-        ["rabbitmqctl", "-q", "list_queues", "name", "messages", "--no-table-headers"],
-        capture_output=True, text=True, timeout=30, check=True,
-    ).stdout
+    out = rabbitmqctl("list_queues", "-p", vhost, "name", "messages", "--no-table-headers")
     for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == queue:
