@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import datetime as dt
 import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,7 +25,7 @@ class Settlement(enum.StrEnum):
     ACK = "ack"
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
-    RELEASED = "released"  # given back unsettled (shutdown or crash): the broker redelivers it
+    RELEASED = "released"  # given back uncounted (shutdown, environment fault, isolation)
 
 
 class Delivery(abc.ABC):
@@ -36,11 +37,26 @@ class Delivery(abc.ABC):
         headers: application headers / properties, as the broker gave them (values may be any type).
         body: the raw message body (bytes).
         delivery_count: 1 on the first delivery, 2 on the first redelivery, ... (source per broker:
-            RabbitMQ ``x-delivery-count``, SQS ``ApproximateReceiveCount``, Service Bus ``delivery_count``).
+            RabbitMQ ``x-delivery-count`` plus consumer-kit's copies, SQS ``ApproximateReceiveCount``,
+            Service Bus ``delivery_count + 1``). Informational: consumer-kit's own attempt count,
+            kept in the ledger, decides dead-lettering (DESIGN.md "Faults and attempts").
+        redelivered: the broker handed this message out before and no consumer-kit settlement
+            ended that hand-over (the worker died, its connection was lost, its lock expired), or
+            the adapter cannot tell. The runtime runs such a delivery alone and counts it as a
+            possible crash (poison isolation).
+        correlation_id: the broker's own correlation-id property, where it has one.
+        partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
+        enqueued_at: when the broker accepted the message (aware UTC), where it says.
+        settle_timeout: seconds; the one bound on each settlement (see below).
+        lost: set when a settlement did not reach the broker: the broker redelivers the message on
+            its own (as a redelivery), so the runtime excuses that redelivery from the crash count.
 
+    Settlement (``ack``, ``retry``, ``dead_letter``, ``release``) is bounded by ``settle_timeout``
+    seconds and never raises: when the adapter's hook fails or overruns, the delivery is
+    *abandoned* (:meth:`_abandon`: the adapter makes sure the broker redelivers it, e.g. by closing
+    the channel) and ``lost`` is set. This is the only timeout layer around a settlement.
     Settling twice is a programming error on our side and is ignored with a warning, never raised:
-    the first settlement wins. Adapters implement the ``_ack``/``_retry``/``_dead_letter`` hooks;
-    a hook must not hang when the connection is gone (the delivery then simply comes back).
+    the first settlement wins.
     """
 
     def __init__(
@@ -51,62 +67,105 @@ class Delivery(abc.ABC):
         headers: Mapping[str, Any],
         body: bytes,
         delivery_count: int,
+        redelivered: bool = False,
+        correlation_id: str | None = None,
+        partition_key: str | None = None,
+        enqueued_at: dt.datetime | None = None,
+        settle_timeout: float = 10.0,
     ) -> None:
         self.queue = queue
         self.message_id = message_id
         self.headers = headers
         self.body = body
         self.delivery_count = delivery_count
+        self.redelivered = redelivered
+        self.correlation_id = correlation_id
+        self.partition_key = partition_key
+        self.enqueued_at = enqueued_at
+        self.settle_timeout = settle_timeout
         self.settlement: Settlement | None = None
+        self.lost = False
 
     async def ack(self) -> None:
         """Finish the delivery successfully: the broker forgets the message."""
-        if self._claim_settlement(Settlement.ACK):
-            await self._ack()
+        await self._settle(Settlement.ACK, self._ack)
 
-    async def retry(self, delay: float = 0.0, *, count: bool = True) -> None:
-        """Give the message back to be delivered again after ``delay`` seconds (>= 0).
-
-        ``count=False`` asks the adapter not to count this delivery towards the next delivery
-        count, where the broker lets it (RabbitMQ and memory: yes; SQS and Service Bus count every
-        receive themselves): the runtime uses it for ``in_progress``, which is not a failure, so
-        waiting behind a long-running duplicate does not use up ``max_deliveries``."""
-        if self._claim_settlement(Settlement.RETRY):
-            await self._retry(max(0.0, delay), count)
+    async def retry(self, delay: float = 0.0) -> None:
+        """Give the message back to be delivered again after ``delay`` seconds (>= 0); the next
+        delivery is not marked ``redelivered``."""
+        await self._settle(Settlement.RETRY, lambda: self._retry(max(0.0, delay)))
 
     async def dead_letter(self, reason: str, detail: str = "") -> None:
         """Move the message to the dead-letter queue with a machine-readable ``reason`` code and a
         human-readable ``detail`` (no payload content)."""
-        if self._claim_settlement(Settlement.DEAD_LETTER):
-            await self._dead_letter(reason, detail)
+        await self._settle(Settlement.DEAD_LETTER, lambda: self._dead_letter(reason, detail))
 
     async def release(self) -> None:
-        """Give the delivery back unsettled (shutdown): the broker redelivers it. Not counted as a
-        retry by consumer-kit; brokers may count it as a delivery."""
-        if self._claim_settlement(Settlement.RELEASED):
-            await self._release()
+        """Give the message back now, uncounted (shutdown, environment fault, isolation): where the
+        broker allows, the next delivery is neither counted nor marked ``redelivered`` unless this
+        one was (a suspect stays a suspect)."""
+        await self._settle(Settlement.RELEASED, self._release)
 
-    def _claim_settlement(self, how: Settlement) -> bool:
+    async def renew_lock(self) -> bool:
+        """Extend the peek-lock (SQS visibility timeout, Service Bus lock). ``False`` when the lock
+        is lost: the delivery is no longer ours and must not be acked. Brokers without a lock
+        (RabbitMQ holds a delivery until its channel closes) return ``True``. Never raises."""
+        if self.settlement is not None or self.lost:
+            return False
+        try:
+            async with asyncio.timeout(self.settle_timeout):
+                return await self._renew_lock()
+        except Exception as exc:  # noqa: BLE001 - a renewal that fails means the lock may be gone
+            logger.warning(
+                "lock renewal failed (%s) queue=%s message_id=%s",
+                type(exc).__name__, self.queue, self.message_id,
+            )
+            return False
+
+    async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
         if self.settlement is not None:
             logger.warning(
                 "delivery already settled as %s; ignoring %s (queue=%s message_id=%s)",
                 self.settlement.value, how.value, self.queue, self.message_id,
             )
-            return False
+            return
         self.settlement = how
-        return True
+        try:
+            async with asyncio.timeout(self.settle_timeout):  # unlike wait_for, no extra task
+                await hook()
+            return
+        except Exception as exc:  # noqa: BLE001 - any failure means "the broker will redeliver"
+            failure = type(exc).__name__
+        self.lost = True
+        try:
+            async with asyncio.timeout(self.settle_timeout):
+                await self._abandon()
+        except Exception as exc:  # noqa: BLE001 - abandoning is best effort by definition
+            logger.debug("abandon failed (%s) queue=%s message_id=%s", type(exc).__name__,
+                         self.queue, self.message_id)
+        logger.warning(
+            "settlement %s failed (%s) queue=%s message_id=%s: the broker will redeliver",
+            how.value, failure, self.queue, self.message_id,
+        )
 
     @abc.abstractmethod
     async def _ack(self) -> None: ...
 
     @abc.abstractmethod
-    async def _retry(self, delay: float, count: bool) -> None: ...
+    async def _retry(self, delay: float) -> None: ...
 
     @abc.abstractmethod
     async def _dead_letter(self, reason: str, detail: str) -> None: ...
 
     @abc.abstractmethod
     async def _release(self) -> None: ...
+
+    async def _renew_lock(self) -> bool:
+        return True
+
+    async def _abandon(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
+        """Make sure the broker redelivers this message although its settlement failed (e.g. close
+        the channel it came on). Default: nothing (the lock lapses by itself)."""
 
 
 DeliveryCallback = Callable[[Delivery], Awaitable[None]]
@@ -123,6 +182,20 @@ class Consumer(abc.ABC):
     @abc.abstractmethod
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
         """Declare what the queue needs (DLQ, retry queues) and register ``callback`` for it."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Stop handing out new deliveries on every subscription until :meth:`resume` (environment
+        fault, poison isolation); in-flight deliveries can still be settled. Idempotent."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Hand out deliveries again after :meth:`pause`. Idempotent."""
+
+    @property
+    def ready(self) -> bool:
+        """``True`` while the broker connection is up (readiness); adapters override it."""
+        return True
 
     @abc.abstractmethod
     async def stop_consuming(self) -> None:
@@ -158,18 +231,24 @@ class OutgoingMessage:
 
 
 class PublishError(Exception):
-    """The broker did not confirm a publish (nack, return, timeout or lost connection).
+    """The broker did not confirm a publish (nack, return, timeout, lost connection, refusal).
 
-    Attributes:
-        transient: ``True`` (default) when the broker or the connection is at fault and the same
-            message will go through once it is back (connection lost, timeout, nack); ``False``
-            when this message cannot be delivered as addressed (no such queue). The relay backs
-            off a transient failure briefly and never parks a row for it.
+    Three kinds, which the relay treats differently:
+
+    * transient (``transient=True``, the default): the broker or the connection is at fault and
+      the same message will go through once it is back (connection lost, timeout, nack). Retried
+      soon; never parks a row.
+    * row (``transient=False``): this message could not be delivered as addressed but might be
+      later (no such queue yet). Backed off; parked after the relay's max attempts.
+    * permanent (``permanent=True``): this message can never be published as it is (too large for
+      the broker's frame or message limit, a destination of another type, access refused). Parked
+      at once, with the broker's reply text in ``str(error)``.
     """
 
-    def __init__(self, message: str, *, transient: bool = True) -> None:
+    def __init__(self, message: str, *, transient: bool = True, permanent: bool = False) -> None:
         super().__init__(message)
-        self.transient = transient
+        self.permanent = permanent
+        self.transient = transient and not permanent
 
 
 class Publisher(abc.ABC):
@@ -186,13 +265,3 @@ class Publisher(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
-
-
-async def settle_quietly(coro: Awaitable[None], *, timeout: float, what: str) -> None:
-    """Await a settlement, never hanging past ``timeout`` seconds and never raising: a delivery
-    whose settlement is lost comes back from the broker and is then handled as a duplicate."""
-    try:
-        async with asyncio.timeout(timeout):  # unlike wait_for, no extra task per settlement
-            await coro
-    except Exception as exc:  # noqa: BLE001 - any failure here means "the broker will redeliver"
-        logger.warning("settlement %s failed (%s); the broker will redeliver", what, type(exc).__name__)

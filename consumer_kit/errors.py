@@ -65,4 +65,6 @@ class DeadLetterReason(enum.StrEnum):
     PAYLOAD_CONFLICT = "payload_conflict"
     INVALID_DATA = "invalid_data"  # PostgreSQL cannot store a value (NUL in text, out of range)
     MAX_DELIVERIES = "max_deliveries_exceeded"
+    MAX_CONTENTIONS = "max_contentions_exceeded"
+    CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times while it ran alone
     NEEDS_RECONCILIATION = "needs_reconciliation"

@@ -15,13 +15,16 @@ class Outcome(enum.StrEnum):
     PAYLOAD_CONFLICT = "payload_conflict"  # same key, different fingerprint: dead-lettered
     IN_PROGRESS = "in_progress"  # another worker holds the operation: retried later
     LEASE_RECOVERED = "lease_recovered"  # an expired lease was taken over and the handler ran
-    RETRIED = "retried"  # handler raised a retryable error: rolled back, retried
+    RETRIED = "retried"  # handler fault: rolled back, retried (counted toward max_deliveries)
+    CONTENDED = "contended"  # lock timeout / deadlock / serialization failure: retried, counted apart
+    RELEASED = "released"  # given back uncounted: environment fault, shutdown, running alone
     FAILED = "failed"  # handler raised PermanentFailure: failed row retained, acked
     FAILED_RETAINED = "failed_retained"  # duplicate of a failed operation: failure replayed
     INVALID = "invalid"  # bad body/key/headers: dead-lettered
     DEAD_LETTERED = "dead_lettered"  # retryable error past max deliveries
     UNCERTAIN = "uncertain"  # COMMIT outcome unknown: not acked, redelivery reads the ledger
     KEY_EXPIRED = "key_expired"  # reserved for the retention policy
+    CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times running it alone: parked
     CRASHED = "crashed"  # a crash point fired: left unsettled
 
 
@@ -54,3 +57,4 @@ class DeliveryReport:
     reason: str | None = None
     result: StoredResult | None = None
     duration_seconds: float = 0.0
+    settlement_lost: bool = False  # the settlement did not reach the broker: it redelivers

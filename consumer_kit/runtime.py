@@ -1,10 +1,13 @@
-"""The runtime: one delivery, step by step (DESIGN.md "One delivery").
+"""The runtime: one delivery, step by step (DESIGN.md "One delivery" and "Faults and attempts").
 
 ``Runtime.process`` is the whole pipeline and reads as the numbered steps:
 
 1. the adapter hands over a delivery under peek-lock;
 2. decode and validate (invalid: dead-letter with a reason);
 3. compute scope, key and fingerprint;
+   admission: at most ``concurrency`` deliveries run at once; a *redelivered* message (nobody
+   settled its last hand-over: the process may have died running it) runs alone, and is parked as
+   ``crashed_worker`` once the process died ``crash_limit`` times running it alone;
 4. BEGIN; claim with ``INSERT ... ON CONFLICT DO NOTHING`` (a concurrent claimer waits on the
    unique index, bounded by ``lock_timeout``: then ``in_progress``);
 5. an existing row decides: duplicate, replayed failure, payload conflict, in progress, or an
@@ -12,63 +15,93 @@
 6. run the handler in the same transaction; complete the ledger row and write the outbox events
    it published in one statement (a permanent failure rolls everything back and records a
    retained ``failed`` row in a transaction of its own);
-7. COMMIT, then settle. A COMMIT whose reply is lost is *uncertain*: never acked.
-8. Retryable errors roll back and retry with backoff; after ``max_deliveries``, dead-letter.
+7. COMMIT (with the session reset), then settle. A COMMIT whose reply is lost or late is
+   *uncertain*: never acked; the redelivery reads the truth from the ledger.
+8. Every other failure is classified (:mod:`consumer_kit.faults`): a *message* fault dead-letters
+   at once; a *handler* fault retries with backoff and counts toward ``max_deliveries`` (counted
+   in the ledger's ``attempts``); *contention* retries with jitter under its own bound; an
+   *environment* fault gives the delivery back uncounted and tells the worker to pause.
+
+Every statement of consumer-kit's own is bounded (``statement_timeout``); the handler is bounded
+by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import logging
 import os
+import random
 import socket
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
-from pydantic import BaseModel, ValidationError
 
 from consumer_kit import crashpoints
 from consumer_kit import ledger as ledger_states
+from consumer_kit.admission import Admission, GiveBack
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, Envelope
+from consumer_kit.database import (
+    BEGIN,
+    COMMIT,
+    COMMIT_AND_RESET,
+    ROLLBACK_AND_RESET,
+    bounded,
+    discard,
+    open_pool,
+)
+from consumer_kit.decoding import Decoded, decode
+from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
-    ConfigurationError,
     DeadLetterReason,
     InvalidMessage,
     PermanentFailure,
+    RetryableError,
     SimulatedCrash,
 )
-from consumer_kit.handler import Context, Handler, Result
-from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, fingerprint, normalize_key
-from consumer_kit.ledger import Ledger, OperationRow
+from consumer_kit.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.handler import Context, Result
+from consumer_kit.identity import OperationIdentity
+from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger, OperationRow
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.settings import Settings
 from consumer_kit.telemetry import Counters, describe_error, record, tracer
+
+__all__ = ["Runtime", "default_worker_id", "open_pool"]
 
 logger = logging.getLogger("consumer_kit.runtime")
 
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a larger body is dead-lettered as invalid_json before parsing
+T = TypeVar("T")
+
+# Contention is retried in place first (roll back, wait a jittered moment, run again) before the
+# delivery goes back to the broker: most lock waits clear within a second.
+IN_PLACE_CONTENTION_RETRIES = 3
+_CONTENTION_BASE_DELAY = 0.05  # seconds; full jitter, doubling per retry
 
 
-@dataclass(frozen=True)
-class _Decoded:
-    handler: Handler[Any]
-    message: BaseModel
-    identity: OperationIdentity
+class HandlerTimeout(RetryableError):
+    """The handler ran longer than ``handler_timeout``: a handler fault (rolled back, retried)."""
 
 
 class _TransactionEnded(Exception):
     """The handler ended the delivery's transaction itself (``COMMIT``/``ROLLBACK`` sent as SQL):
     part of its effect may be durable without the ledger's completion."""
+
+
+class _ClaimBusy(Exception):
+    """The claim waited on a concurrent claimer of the same key for longer than lock_timeout."""
+
+
+class _StaleConnection(Exception):
+    """A pooled connection was dead before anything was sent on it: take another one."""
 
 
 class _Settle:
@@ -88,10 +121,6 @@ class _Settle:
         self.reason, self.detail, self.result = reason, detail, result
 
 
-class _ClaimBusy(Exception):
-    """The claim waited on a concurrent claimer of the same key for longer than lock_timeout."""
-
-
 def default_worker_id() -> str:
     """``"<host>:<pid>:<random>"``: the lease owner name of this process."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -103,35 +132,52 @@ class Runtime:
     Args:
         app: queue -> handler routes.
         pool: an ``AsyncConnectionPool`` opened with ``autocommit=True`` (see :func:`open_pool`).
-        settings: timeouts, max deliveries and retry delays.
+        settings: timeouts, bounds and retry delays.
         worker_id: lease owner name; default ``host:pid:random``.
+        admission: who may run when (the worker's, with its concurrency limit); default: no limit.
+
+    Attributes:
+        on_environment_fault: called with a one-line reason when a delivery met an environment
+            fault (the worker pauses consuming and probes); ``None``: nobody to tell.
+        counters: in-process outcome counters.
+        observers: called with every :class:`DeliveryReport`.
     """
 
     def __init__(
-        self, app: App, pool: AsyncConnectionPool, settings: Settings, *, worker_id: str | None = None
+        self,
+        app: App,
+        pool: AsyncConnectionPool,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.app = app
         self.pool = pool
         self.settings = settings
         self.worker_id = worker_id or default_worker_id()
+        self.admission = admission or Admission()
         self.ledger = Ledger(settings.db_schema)
+        self.attempts = AttemptBook(settings.db_schema, self.worker_id)
         self.counters = Counters()
-        self.observers: list[Callable[[DeliveryReport], None]] = []  # called with every report
+        self.observers: list[Callable[[DeliveryReport], None]] = []
+        self.on_environment_fault: Callable[[str], None] | None = None
+        self._uncleared: set[OperationIdentity] = set()  # run-alone markers to clear once it can
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
-        ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation."""
+        ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation
+        (the delivery is released first)."""
         started = time.monotonic()
         envelope = Envelope(delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count)
         with tracer.start_as_current_span("consumer_kit.delivery") as span:
             span.set_attribute("messaging.message.id", delivery.message_id or "")
             span.set_attribute("messaging.destination.name", delivery.queue)
-            decoded: _Decoded | None = None
+            decoded: Decoded | None = None
             try:
-                decoded = self._decode(delivery, envelope)  # steps 2 and 3
+                decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # steps 2, 3
                 span.set_attribute("consumer_kit.operation_key", decoded.identity.key)
-                crashpoints.reached(CrashPoint.BEFORE_CLAIM)
-                decision = await self._execute(decoded, envelope)  # steps 4 to 7
+                decision = await self._admitted(delivery, decoded, envelope)  # steps 4 to 8
             except InvalidMessage as exc:
                 decision = _Settle(
                     Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail
@@ -141,18 +187,8 @@ class Runtime:
                 record(report, self.counters, None)
                 raise
             except asyncio.CancelledError:
-                await self._settle(delivery, _Settle(Outcome.RETRIED, Settlement.RELEASED))
+                await delivery.release()  # shutdown: given back uncounted
                 raise
-            except psycopg.DataError as exc:
-                # The same values fail the same way on every delivery (SQLSTATE class 22): retrying
-                # cannot help, so dead-letter now rather than after max_deliveries.
-                decision = _Settle(
-                    Outcome.INVALID, Settlement.DEAD_LETTER,
-                    reason=f"{DeadLetterReason.INVALID_DATA.value}:{type(exc).__name__}",
-                    detail=f"SQLSTATE {exc.sqlstate}" if exc.sqlstate else type(exc).__name__,
-                )
-            except Exception as exc:  # noqa: BLE001 - step 8: anything else is retryable
-                decision = self._retry_or_dead_letter(delivery, exc)
             span.set_attribute("consumer_kit.outcome", decision.outcome.value)
             crashpoints.reached(CrashPoint.BEFORE_ACK)
             await self._settle(delivery, decision)
@@ -164,110 +200,129 @@ class Runtime:
             observe(report)
         return report
 
-    # -- step 2 and 3 ---------------------------------------------------------------------------
+    # -- admission: one limit per process, redelivered messages alone ------------------------------
 
-    def _decode(self, delivery: Delivery, envelope: Envelope) -> _Decoded:
-        """Pick the handler, validate the body, compute the operation identity.
-
-        Raises:
-            InvalidMessage: with the specific dead-letter reason.
-        """
-        handler = self._route(delivery.queue, envelope)
-        if len(delivery.body) > MAX_BODY_BYTES:
-            raise InvalidMessage(
-                DeadLetterReason.INVALID_JSON,
-                f"body is {len(delivery.body)} bytes (max {MAX_BODY_BYTES})",
-            )
+    async def _admitted(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
         try:
-            raw = json.loads(delivery.body)  # bytes: UTF-8/16/32 detected per RFC 8259
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise InvalidMessage(DeadLetterReason.INVALID_JSON, f"{type(exc).__name__} at body") from None
-        try:
-            message = handler.model.model_validate(raw)
-        except ValidationError as exc:
-            raise InvalidMessage(DeadLetterReason.SCHEMA_MISMATCH, _describe_validation(exc)) from None
-        key = normalize_key(handler.operation_key(message, envelope), what=_key_source(handler))
-        try:
-            tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
-        except InvalidMessage as exc:  # the tenant comes from a header: report it as one
-            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
-        if len(tenant) > MAX_SCOPE_PART_LENGTH:
-            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
-        try:
-            message_fingerprint = fingerprint(message, handler.fingerprint_exclude)
-        except UnicodeEncodeError:  # "\ud800" is valid JSON syntax but not Unicode (RFC 8259 8.2)
-            raise InvalidMessage(DeadLetterReason.INVALID_JSON, "body holds a lone surrogate") from None
-        identity = OperationIdentity(
-            tenant=tenant,
-            operation_type=handler.operation_type,
-            version=handler.version,
-            key=key,
-            fingerprint=message_fingerprint,
-            projection_version=handler.projection_version,
-        )
-        return _Decoded(handler, message, identity)
+            if delivery.redelivered:
+                async with self.admission.alone():
+                    return await self._run_alone(delivery, decoded, envelope)
+            async with self.admission.slot():
+                return await self._run(delivery, decoded, envelope)
+        except GiveBack as back:
+            return _Settle(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
 
-    def _route(self, queue: str, envelope: Envelope) -> Handler[Any]:
-        handlers = self.app.routes.get(queue, {})
-        wanted = envelope.header(MESSAGE_TYPE_HEADER)
-        if wanted is None and len(handlers) == 1:
-            return next(iter(handlers.values()))
-        if isinstance(wanted, bytes):
-            wanted = wanted.decode("utf-8", errors="replace")
-        if not isinstance(wanted, str) and wanted is not None:
-            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "message-type must be a string")
-        handler = handlers.get(wanted) if wanted is not None else None
-        if handler is None:
-            raise InvalidMessage(
-                DeadLetterReason.UNKNOWN_MESSAGE_TYPE,
-                f"no handler on queue {queue!r} for message-type {str(wanted)[:100]!r}",
-            )
-        return handler
-
-    # -- steps 4 to 7 ---------------------------------------------------------------------------
-
-    async def _execute(self, decoded: _Decoded, envelope: Envelope) -> _Settle:
+    async def _run_alone(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
+        """Run a redelivered message with nothing else running: if the process dies now, the next
+        run finds this run's marker and counts a crash against this operation, and only this one."""
         identity = decoded.identity
-        committing = False
+        limit = self.settings.crash_limit
         try:
-            for stale in range(self.pool.max_size + 1):
+            counts = await self._bookkeeping(
+                lambda conn: self.attempts.start_alone(
+                    conn, identity, message_id=delivery.message_id,
+                    delivery_count=delivery.delivery_count, crash_limit=limit,
+                ),
+                "the run-alone marker",
+            )
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if classify(exc) is FaultKind.ENVIRONMENT:
+                return self._released_for_environment(exc)
+            logger.error(
+                "cannot keep the crash count (%s; is the schema migrated?): running message_id=%s "
+                "alone without it", describe_error(exc), delivery.message_id,
+            )
+            return await self._run(delivery, decoded, envelope)
+        if counts.crashes >= limit:
+            logger.error(
+                "parking scope=%s operation_key=%s message_id=%s: the process died %s times running it alone",
+                identity.scope, identity.key, delivery.message_id, counts.crashes,
+            )
+            return _Settle(
+                Outcome.CRASHED_WORKER, Settlement.DEAD_LETTER,
+                reason=DeadLetterReason.CRASHED_WORKER.value,
+                detail=f"the worker process died {counts.crashes} times while running this operation "
+                f"alone (crash_limit {limit}); attempt history in the ledger's attempts table",
+            )
+        try:
+            decision = await self._run(delivery, decoded, envelope)
+        except SimulatedCrash:
+            raise  # a simulated death leaves the marker, as a real one would
+        except BaseException:
+            await self._finish_alone(identity)
+            raise
+        await self._finish_alone(identity)
+        return decision
+
+    async def _finish_alone(self, identity: OperationIdentity) -> None:
+        try:
+            await self._bookkeeping(lambda conn: self.attempts.finish_alone(conn, identity), "run-alone end")
+        except Exception as exc:  # noqa: BLE001 - kept and cleared by flush_markers() later
+            self._uncleared.add(identity)
+            logger.warning(
+                "could not clear the run-alone marker of scope=%s operation_key=%s (%s); will retry",
+                identity.scope, identity.key, describe_error(exc),
+            )
+
+    async def flush_markers(self) -> None:
+        """Clear the run-alone markers an unavailable database kept this process from clearing
+        (a marker left behind would count as a crash on the operation's next run alone). The
+        worker calls it when the database is back, before it starts deliveries again."""
+        for identity in list(self._uncleared):
+            try:
+                await self._bookkeeping(
+                    functools.partial(self.attempts.finish_alone, identity=identity), "run-alone end"
+                )
+            except Exception:  # noqa: BLE001 - still unavailable: try again at the next resume
+                return
+            self._uncleared.discard(identity)
+
+    # -- steps 4 to 8 ----------------------------------------------------------------------------
+
+    async def _run(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
+        """Execute, retrying contention in place a few times, and turn any fault into a decision."""
+        contended = 0
+        while True:
+            try:
+                crashpoints.reached(CrashPoint.BEFORE_CLAIM)
+                return await self._execute(decoded, envelope)
+            except InvalidMessage:
+                raise  # a handler may declare its input invalid: dead-lettered by process()
+            except Exception as exc:  # noqa: BLE001 - classified below (DESIGN "Faults and attempts")
+                kind = classify(exc)
+                if kind is FaultKind.CONTENTION and contended < IN_PLACE_CONTENTION_RETRIES:
+                    contended += 1
+                    await asyncio.sleep(random.uniform(0, _CONTENTION_BASE_DELAY * 2**contended))
+                    continue
+                return await self._after_fault(delivery, decoded, exc, kind)
+
+    async def _execute(self, decoded: Decoded, envelope: Envelope) -> _Settle:
+        identity = decoded.identity
+        try:
+            for _ in range(self.pool.max_size + 1):
                 async with self.pool.connection() as conn:
-                    began = False
                     try:
-                        async with conn.transaction():  # BEGIN ... COMMIT on leaving the block
-                            began = True
-                            decision = await self._claim_and_run(conn, decoded, envelope)
-                            committing = True
-                    except psycopg.OperationalError:
-                        if not began and conn.broken and stale < self.pool.max_size:
-                            # A pooled connection that died while idle (server restart, fail-over,
-                            # pg_terminate_backend) fails at BEGIN, before anything was claimed.
-                            # The pool discards it on return; take the next one instead of
-                            # burning a delivery (each dead connection would cost one).
-                            continue
-                        if committing and conn.broken:
-                            # The COMMIT was sent but its reply is lost: the effect may or may not be
-                            # durable. Never ack; the redelivery reads the truth from the ledger.
-                            return _Settle(
-                                Outcome.UNCERTAIN,
-                                Settlement.RETRY,
-                                delay=self.settings.in_progress_delay,
-                                reason="commit_outcome_unknown",
-                            )
-                        raise
-                break
+                        decision = await self._transaction(conn, decoded, envelope)
+                    except _StaleConnection:
+                        continue  # a connection that died in the pool: not this delivery's fault
+                    break
+            else:
+                raise StatementTimeout("no live pooled connection")
         except PermanentFailure as failure:
             decision = await self._record_failure(decoded, envelope, failure)
         except _TransactionEnded as exc:
             # What committed cannot be known here: park the operation (never re-run it blindly).
-            async with self.pool.connection() as conn:
-                await self.ledger.park(
+            detail = str(exc)
+            await self._bookkeeping(
+                lambda conn: self.ledger.park(
                     conn, identity, message_id=envelope.message_id,
-                    error_class=type(exc).__name__, detail=str(exc),
-                )
+                    error_class=_TransactionEnded.__name__, detail=detail,
+                ),
+                "parking",
+            )
             return _Settle(
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
-                reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=str(exc),
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=detail,
             )
         except _ClaimBusy:
             # Another transaction holds this key's claim past lock_timeout: never run in parallel.
@@ -280,18 +335,63 @@ class Runtime:
         logger.debug("committed scope=%s operation_key=%s", identity.scope, identity.key)
         return decision
 
+    async def _transaction(
+        self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
+    ) -> _Settle:
+        """BEGIN, claim and run, COMMIT with the session reset; ROLLBACK on any exception."""
+        timeout = self.settings.statement_timeout
+        try:
+            async with bounded(timeout, "BEGIN"):
+                await conn.execute(BEGIN)
+        except psycopg.OperationalError as exc:
+            if conn.broken:
+                raise _StaleConnection from exc
+            raise
+        try:
+            decision = await self._claim_and_run(conn, decoded, envelope)
+        except BaseException:
+            await self._rollback(conn)
+            raise
+        ran_handler = decision.outcome in (Outcome.EXECUTED, Outcome.LEASE_RECOVERED)
+        try:
+            async with bounded(timeout, "COMMIT"):
+                await conn.execute(COMMIT_AND_RESET if ran_handler else COMMIT, prepare=False)
+        except (StatementTimeout, psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if isinstance(exc, psycopg.Error) and exc.sqlstate and not conn.broken:
+                raise  # the server answered (a deferred constraint, a serialization failure)
+            # The COMMIT was sent but its reply is lost or late: the effect may or may not be
+            # durable. Never ack; the redelivery reads the truth from the ledger.
+            await discard(conn)
+            self._environment_fault(f"COMMIT outcome unknown ({describe_error(exc)})")
+            return _Settle(
+                Outcome.UNCERTAIN, Settlement.RELEASED, reason="commit_outcome_unknown",
+                detail=describe_error(exc),
+            )
+        return decision
+
+    async def _rollback(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if conn.closed or conn.broken:
+            return
+        try:
+            async with bounded(self.settings.statement_timeout, "ROLLBACK"):
+                await conn.execute(ROLLBACK_AND_RESET, prepare=False)
+        except BaseException:  # noqa: BLE001 - a connection that cannot roll back is thrown away
+            await discard(conn)
+
     async def _claim_and_run(
-        self, conn: psycopg.AsyncConnection[Any], decoded: _Decoded, envelope: Envelope
+        self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
     ) -> _Settle:
         identity = decoded.identity
         try:
-            claimed, row = await self.ledger.claim(
-                conn, identity, owner=self.worker_id,
-                lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
-            )
+            # The claim may wait lock_timeout on a concurrent claimer, then must answer.
+            async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
+                claimed, row = await self.ledger.claim(
+                    conn, identity, owner=self.worker_id,
+                    lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
+                )
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
-            # handler (on a business row) is an ordinary retryable error.
+            # handler (on a business row) is contention.
             raise _ClaimBusy from exc
         recovered = False
         if not claimed:
@@ -301,10 +401,11 @@ class Runtime:
             if verdict is not None:
                 return verdict
             # Expired lease on a processing row: take it over with a conditional write.
-            recovered = await self.ledger.take_over_expired_lease(
-                conn, identity.scope, identity.key, owner=self.worker_id,
-                lease_seconds=self.settings.lease_seconds,
-            )
+            async with bounded(self.settings.statement_timeout, "the lease take-over"):
+                recovered = await self.ledger.take_over_expired_lease(
+                    conn, identity.scope, identity.key, owner=self.worker_id,
+                    lease_seconds=self.settings.lease_seconds,
+                )
             if not recovered:
                 return _Settle(
                     Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
@@ -315,33 +416,45 @@ class Runtime:
         # A PermanentFailure propagates: the whole transaction (claim included) rolls back and
         # _execute records the failure in a transaction of its own (DESIGN.md step 8). No
         # savepoint on the common path: it would cost two round trips on every delivery.
+        handler_scope = asyncio.timeout(self.settings.handler_timeout)
         try:
-            async with asyncio.timeout(self.settings.handler_timeout):
+            async with handler_scope:
                 result = await decoded.handler.handle(decoded.message, ctx)
+        except TimeoutError:
+            if handler_scope.expired():
+                raise HandlerTimeout(
+                    f"handler ran longer than handler_timeout ({self.settings.handler_timeout:g} s)"
+                ) from None
+            raise
         finally:
             _ensure_transaction_open(conn)
         _ensure_transaction_usable(conn)
         crashpoints.reached(CrashPoint.IN_HANDLER)
         stored = _stored(result)
-        await self.ledger.complete(
-            conn, identity, stored, events=ctx.events, correlation_id=envelope.correlation_id
-        )
+        async with bounded(self.settings.statement_timeout, "the ledger completion"):
+            await self.ledger.complete(
+                conn, identity, stored, events=ctx.events, correlation_id=envelope.correlation_id
+            )
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return _Settle(outcome, Settlement.ACK, result=stored)
 
     async def _record_failure(
-        self, decoded: _Decoded, envelope: Envelope, failure: PermanentFailure
+        self, decoded: Decoded, envelope: Envelope, failure: PermanentFailure
     ) -> _Settle:
         """Record a permanent failure after its transaction rolled back. If another delivery of the
         key committed in between, its row decides (duplicate, replayed failure or in progress)."""
         identity = decoded.identity
-        async with self.pool.connection() as conn, conn.transaction():
-            recorded = await self.ledger.record_failure(
-                conn, identity, message_id=envelope.message_id, code=failure.code,
-                error_class=type(failure).__name__, detail=failure.detail,
-            )
-            if not recorded:
-                row = await self.ledger.fetch(conn, identity.scope, identity.key)
+
+        async def write(conn: psycopg.AsyncConnection[Any]) -> tuple[bool, OperationRow | None]:
+            async with conn.transaction():
+                recorded = await self.ledger.record_failure(
+                    conn, identity, message_id=envelope.message_id, code=failure.code,
+                    error_class=type(failure).__name__, detail=failure.detail,
+                )
+                row = None if recorded else await self.ledger.fetch(conn, identity.scope, identity.key)
+            return recorded, row
+
+        recorded, row = await self._bookkeeping(write, "recording the failure")
         if recorded:
             stored = StoredResult(failure.code, None, None)
             return _Settle(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
@@ -385,54 +498,138 @@ class Runtime:
             )
         return None
 
-    # -- step 8 and settlement -------------------------------------------------------------------
+    # -- step 8: what a fault costs ----------------------------------------------------------------
 
-    def _retry_or_dead_letter(self, delivery: Delivery, exc: Exception) -> _Settle:
-        error_class = type(exc).__name__
+    async def _after_fault(
+        self, delivery: Delivery, decoded: Decoded, exc: Exception, kind: FaultKind
+    ) -> _Settle:
         described = describe_error(exc)
-        last = delivery.delivery_count >= self.settings.max_deliveries
+        error_class = type(exc).__name__
+        # The exception's own text can quote business values, so the full traceback is DEBUG only.
+        logger.debug("fault traceback message_id=%s", delivery.message_id, exc_info=exc)
+        if kind is FaultKind.ENVIRONMENT:
+            return self._released_for_environment(exc)
+        if kind is FaultKind.MESSAGE:
+            # The same values fail the same way on every delivery: dead-letter now.
+            logger.warning(
+                "deterministic rejection %s on queue=%s message_id=%s: dead-lettering",
+                described, delivery.queue, delivery.message_id,
+            )
+            return _Settle(
+                Outcome.INVALID, Settlement.DEAD_LETTER,
+                reason=f"{DeadLetterReason.INVALID_DATA.value}:{error_class}", detail=described,
+            )
+        identity = decoded.identity
+        contention = kind is FaultKind.CONTENTION
+        try:
+            counts: AttemptCounts = await self._bookkeeping(
+                lambda conn: (self.attempts.count_contention if contention else self.attempts.count_failure)(
+                    conn, identity, message_id=delivery.message_id,
+                    delivery_count=delivery.delivery_count, detail=described,
+                ),
+                "the attempt count",
+            )
+        except Exception as book_exc:  # noqa: BLE001 - classified below
+            if classify(book_exc) is FaultKind.ENVIRONMENT:
+                return self._released_for_environment(book_exc)
+            # Not an outage (a schema not migrated, a bug): fall back to the broker's count rather
+            # than loop, and say so loudly.
+            logger.error(
+                "cannot count attempts of operation_key=%s (%s; is the schema migrated?): using the "
+                "broker's delivery count", identity.key, describe_error(book_exc),
+            )
+            count = delivery.delivery_count
+            counts = AttemptCounts(failures=count, contentions=count, crashes=0)
+        if contention:
+            return self._after_contention(delivery, identity, counts, error_class, described)
+        return self._after_handler_fault(delivery, identity, counts, error_class, described)
+
+    def _after_handler_fault(
+        self, delivery: Delivery, identity: OperationIdentity, counts: AttemptCounts,
+        error_class: str, described: str,
+    ) -> _Settle:
+        limit = self.settings.max_deliveries
+        last = counts.failures >= limit
         logger.log(
             logging.ERROR if last else logging.WARNING,
-            "handler error %s on queue=%s message_id=%s delivery_count=%s: %s",
-            described, delivery.queue, delivery.message_id, delivery.delivery_count,
+            "handler error %s on queue=%s message_id=%s operation_key=%s attempt %s of %s: %s",
+            described, delivery.queue, delivery.message_id, identity.key, counts.failures, limit,
             "dead-lettering" if last else "rolled back, will retry",
         )
-        # The exception's own text can quote business values, so the full traceback is DEBUG only.
-        logger.debug("handler error traceback message_id=%s", delivery.message_id, exc_info=exc)
         if last:
             return _Settle(
                 Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
                 reason=f"{DeadLetterReason.MAX_DELIVERIES.value}:{error_class}",
-                detail=f"{described} on delivery {delivery.delivery_count} of {self.settings.max_deliveries}",
+                detail=f"{described} on attempt {counts.failures} of {limit}",
             )
         return _Settle(
             Outcome.RETRIED, Settlement.RETRY,
-            delay=self.settings.retry_delay(delivery.delivery_count), reason=error_class,
+            delay=self.settings.retry_delay(counts.failures), reason=error_class,
         )
 
-    async def _settle(self, delivery: Delivery, decision: _Settle) -> None:
-        """Settle without ever raising or hanging (a lost settlement means a redelivery)."""
-        try:
-            async with asyncio.timeout(self.settings.settle_timeout):  # no extra task, unlike wait_for
-                if decision.how is Settlement.ACK:
-                    await delivery.ack()
-                elif decision.how is Settlement.RETRY:
-                    # waiting for another worker is not a failed attempt: do not count it
-                    await delivery.retry(decision.delay, count=decision.outcome is not Outcome.IN_PROGRESS)
-                elif decision.how is Settlement.DEAD_LETTER:
-                    await delivery.dead_letter(decision.reason or "unknown", decision.detail)
-                else:
-                    await delivery.release()
-        except Exception as exc:  # noqa: BLE001 - the broker redelivers; the ledger makes it a duplicate
-            logger.warning(
-                "settlement %s failed (%s) queue=%s message_id=%s: the broker will redeliver",
-                decision.how.value, type(exc).__name__, delivery.queue, delivery.message_id,
+    def _after_contention(
+        self, delivery: Delivery, identity: OperationIdentity, counts: AttemptCounts,
+        error_class: str, described: str,
+    ) -> _Settle:
+        limit = self.settings.max_contentions
+        last = counts.contentions >= limit
+        logger.log(
+            logging.ERROR if last else logging.INFO,
+            "contention %s on queue=%s message_id=%s operation_key=%s (%s of %s): %s",
+            described, delivery.queue, delivery.message_id, identity.key, counts.contentions, limit,
+            "dead-lettering" if last else "rolled back, will retry",
+        )
+        if last:
+            return _Settle(
+                Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
+                reason=f"{DeadLetterReason.MAX_CONTENTIONS.value}:{error_class}",
+                detail=f"{described} on contended attempt {counts.contentions} of {limit}",
             )
+        return _Settle(
+            Outcome.CONTENDED, Settlement.RETRY,
+            delay=random.uniform(0.5, 1.5) * self.settings.in_progress_delay,
+            reason=f"contention:{error_class}",
+        )
+
+    def _released_for_environment(self, exc: BaseException) -> _Settle:
+        described = describe_error(exc)
+        self._environment_fault(described)
+        return _Settle(
+            Outcome.RELEASED, Settlement.RELEASED, reason=f"environment:{type(exc).__name__}",
+            detail=described,
+        )
+
+    def _environment_fault(self, reason: str) -> None:
+        logger.warning("database unavailable (%s): deliveries go back uncounted", reason)
+        if self.on_environment_fault is not None:
+            self.on_environment_fault(reason)
+
+    async def _bookkeeping(
+        self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str
+    ) -> T:
+        """Run ``write`` on a pooled connection of its own, bounded by ``statement_timeout``
+        (waiting for the connection included)."""
+        async with bounded(self.settings.statement_timeout, what):
+            async with self.pool.connection() as conn:
+                return await write(conn)
+
+    # -- settlement ----------------------------------------------------------------------------
+
+    async def _settle(self, delivery: Delivery, decision: _Settle) -> None:
+        """Settle; bounded and never raising (the delivery's own contract)."""
+        if decision.how is Settlement.ACK:
+            await delivery.ack()
+        elif decision.how is Settlement.RETRY:
+            await delivery.retry(decision.delay)
+        elif decision.how is Settlement.DEAD_LETTER:
+            await delivery.dead_letter(decision.reason or "unknown", decision.detail)
+        else:
+            await delivery.release()
 
     def _report(
         self,
         delivery: Delivery,
-        decoded: _Decoded | None,
+        decoded: Decoded | None,
         outcome: Outcome,
         started: float,
         *,
@@ -450,6 +647,7 @@ class Runtime:
             reason=reason,
             result=result,
             duration_seconds=time.monotonic() - started,
+            settlement_lost=delivery.lost,
         )
 
 
@@ -479,61 +677,3 @@ def _stored(result: Any) -> StoredResult:
     if isinstance(result, Result):
         return StoredResult(result.status[:200], (result.reference or None) and result.reference[:500], result.body)
     raise TypeError(f"handle() must return consumer_kit.Result or None, not {type(result).__name__}")
-
-
-def _key_source(handler: Handler[Any]) -> str:
-    """How to name the key in an error: where it comes from when the handler does not say."""
-    if type(handler).operation_key is Handler.operation_key:
-        return f"operation key (header {OPERATION_ID_HEADER!r})"
-    return f"operation key of {type(handler).__name__}"
-
-
-def _describe_validation(exc: ValidationError) -> str:
-    """Field locations and error types only: pydantic's default text would echo payload values."""
-    parts = [
-        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['type']}"
-        for err in exc.errors(include_url=False, include_input=False, include_context=False)[:10]
-    ]
-    return "; ".join(parts)
-
-
-async def open_pool(
-    settings: Settings, database_url: str, *, size: int | None = None, search_path: str | None = None
-) -> AsyncConnectionPool:
-    """Open an autocommit connection pool whose sessions carry ``lock_timeout``.
-
-    ``lock_timeout`` bounds how long a claim waits on a concurrent claimer of the same key (and any
-    lock the handler waits on): past it the delivery is retried as ``in_progress``. ``search_path``
-    (e.g. ``"app,public"``) sets where the handlers' unqualified table names resolve. With
-    ``settings.outbox_notify`` off, the sessions' outbox writes send no NOTIFY.
-
-    Raises:
-        ConfigurationError: PostgreSQL cannot be reached or refuses the URL (checked with one
-            connection first, so a wrong URL fails at once instead of after the pool's timeout).
-    """
-    await _probe(database_url)
-    lock_ms = int(settings.lock_timeout * 1000)
-    options = f"-c lock_timeout={lock_ms}"
-    if not settings.outbox_notify:
-        options += " -c consumer_kit.outbox_notify=off"
-    if search_path:
-        options += f" -c search_path={search_path}"
-    pool = AsyncConnectionPool(
-        database_url,
-        min_size=1,
-        max_size=size or settings.effective_pool_size,
-        kwargs={"autocommit": True, "options": options},
-        open=False,
-        name="consumer-kit",
-    )
-    await pool.open(wait=True, timeout=30)
-    return pool
-
-
-async def _probe(database_url: str) -> None:
-    try:
-        conn = await psycopg.AsyncConnection.connect(database_url, connect_timeout=10)
-    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigurationError(f"cannot connect to PostgreSQL at {redact_url(database_url)}: {reason}") from None
-    await conn.close()

@@ -33,9 +33,31 @@ class Settings(BaseSettings):
     )
     embedded_data_dir: Path = Field(default=Path(".consumer-kit/pgdata"))
 
-    concurrency: int = Field(default=8, ge=1, le=1024, description="Deliveries in flight per process.")
+    concurrency: int = Field(
+        default=8, ge=1, le=1024,
+        description="Deliveries processed at once per worker process, across all its queues.",
+    )
+    prefetch: int | None = Field(
+        default=None, ge=1, le=10000,
+        description="Deliveries each queue may hand out ahead (unacked, waiting for a slot)."
+        " Default: concurrency.",
+    )
     pool_size: int | None = Field(default=None, ge=1, description="Default: concurrency + 2.")
-    max_deliveries: int = Field(default=5, ge=1, description="Dead-letter after this many deliveries.")
+    max_deliveries: int = Field(
+        default=5, ge=1,
+        description="Dead-letter after this many handler faults of one operation (consumer-kit's own"
+        " count in the ledger; outages, crashes, shutdowns and contention do not count).",
+    )
+    max_contentions: int = Field(
+        default=20, ge=1,
+        description="Dead-letter after this many contended attempts (lock timeout, deadlock,"
+        " serialization failure) of one operation.",
+    )
+    crash_limit: int = Field(
+        default=3, ge=1,
+        description="Park a redelivered message as crashed_worker after the process died this many"
+        " times while it ran alone.",
+    )
     retry_delays: list[float] = Field(
         default=[1.0, 5.0, 30.0], description="Backoff per retry (seconds); the last one repeats."
     )
@@ -46,6 +68,23 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=300.0, gt=0, description="Lease of a processing row.")
     handler_timeout: float = Field(default=60.0, gt=0, description="Longest handler run.")
     settle_timeout: float = Field(default=10.0, gt=0, description="Longest wait on a settlement.")
+    statement_timeout: float = Field(
+        default=10.0, gt=0,
+        description="Longest wait for a statement of consumer-kit's own (claim after its lock wait,"
+        " completion, COMMIT, attempt bookkeeping) and for a pooled connection; past it the"
+        " database counts as unavailable and the connection is discarded.",
+    )
+    probe_backoff_max: float = Field(
+        default=15.0, gt=0,
+        description="Longest pause between probes of an unavailable database while paused.",
+    )
+    health_file: Path | None = Field(
+        default=None, description="File touched every second while the worker's loop is alive.",
+    )
+    health_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Serve /live and /ready on 127.0.0.1:PORT (0: any free port).",
+    )
     shutdown_timeout: float = Field(default=30.0, gt=0, description="Longest wait for in-flight work.")
     outbox_notify: bool = Field(
         default=True,
@@ -77,7 +116,13 @@ class Settings(BaseSettings):
 
     @property
     def effective_pool_size(self) -> int:
+        """Connections in the pool: one per delivery slot plus two for the bookkeeping that runs
+        after a delivery's own connection went back (a smaller pool would make deliveries wait)."""
         return self.pool_size or self.concurrency + 2
+
+    @property
+    def effective_prefetch(self) -> int:
+        return self.prefetch or self.concurrency
 
 
 def redact_url(url: str) -> str:

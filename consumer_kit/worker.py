@@ -1,8 +1,19 @@
 """A worker process: subscribes an :class:`App`'s queues and runs deliveries through the runtime.
 
-Graceful shutdown (SIGTERM/SIGINT): stop taking deliveries, let in-flight ones finish for up to
-``shutdown_timeout`` seconds, release the rest back to the broker (unsettled: redelivered), close
-connections, return normally (exit code 0).
+* **Concurrency** is one limit per process, across all its queues (``concurrency``); the pool is
+  sized from it. Each queue may hand out ``prefetch`` deliveries ahead (default: concurrency).
+* **Environment faults** (DESIGN.md "Faults and attempts"): when a delivery meets an unavailable
+  database, the worker *pauses*: it stops the broker from handing out deliveries, gives back the
+  ones it holds (uncounted), reports not-ready, and probes the database with backoff (up to
+  ``probe_backoff_max`` seconds apart) until a new session can write; then it replaces its pooled
+  connections and resumes on its own.
+* **Poison isolation**: a redelivered message runs alone (see :mod:`consumer_kit.admission`);
+  meanwhile the consumers are paused too.
+* **Health**: ``health_file`` is touched every second while the loop runs; ``health_port`` serves
+  ``/live`` and ``/ready`` (not ready while paused or while the broker connection is down).
+* **Graceful shutdown** (SIGTERM/SIGINT): stop taking deliveries, let in-flight ones finish for up
+  to ``shutdown_timeout`` seconds, give the rest back (uncounted, not as redeliveries), close
+  connections, log a summary, return normally (exit code 0).
 """
 
 from __future__ import annotations
@@ -10,22 +21,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from consumer_kit.admission import Admission
 from consumer_kit.app import App
 from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.brokers import open_consumer
+from consumer_kit.database import open_pool, probe_writable
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
-from consumer_kit.ledger import migrate, schema_ready
+from consumer_kit.health import Health
+from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.outcomes import DeliveryReport
-from consumer_kit.runtime import Runtime, open_pool
+from consumer_kit.runtime import Runtime
 from consumer_kit.settings import Settings, redact_url
 
 logger = logging.getLogger("consumer_kit.worker")
+
+_HEARTBEAT = 1.0  # seconds between liveness beats
+_FIRST_PROBE_DELAY = 0.5  # seconds; doubles up to probe_backoff_max
 
 
 class Worker:
@@ -37,6 +55,11 @@ class Worker:
         consumer: a broker consumer; default: the adapter for ``settings.broker_url``.
         migrate_schema: create/upgrade the ledger and outbox at start (always on for the embedded
             database, where there is no operator to run ``consumer-kit migrate``).
+        on_report: called with every delivery's report.
+
+    Attributes:
+        pauses: how many times the worker paused for an unavailable database.
+        health: liveness and readiness (see :mod:`consumer_kit.health`).
     """
 
     def __init__(
@@ -57,6 +80,17 @@ class Worker:
         self.runtime: Runtime | None = None
         self.started = asyncio.Event()
         self._on_report = on_report
+        self.admission = Admission(self.settings.concurrency, on_change=self._hold_consumers)
+        self.pauses = 0
+        self._database_url: str | None = None
+        self._pool: AsyncConnectionPool | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._consumers_held = False
+        self._holding = asyncio.Event()  # wakes the task that pauses and resumes the consumer
+        self.health = Health(
+            stale_after=10 * _HEARTBEAT, file=self.settings.health_file,
+            detail=self._health_detail, ready=self._ready,
+        )
 
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (safe from a signal handler)."""
@@ -70,54 +104,57 @@ class Worker:
         """
         if not self.app.queues:
             raise ConfigurationError(f"app {self.app.name!r} subscribes no queue")
-        pool = await open_pool(
-            self.settings, database_url(self.settings), search_path=self.settings.search_path
+        self._database_url = database_url(self.settings)
+        pool = self._pool = await open_pool(
+            self.settings, self._database_url, search_path=self.settings.search_path
         )
         try:
             await self._prepare_schema(pool)
-            self.runtime = Runtime(self.app, pool, self.settings)
+            self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission)
+            self.runtime.on_environment_fault = self._on_environment_fault
             if self._on_report is not None:
                 self.runtime.observers.append(self._on_report)
-            consumer = self._consumer or open_consumer(self.settings)
+            consumer = self._consumer = self._consumer or open_consumer(self.settings)
+            background: list[asyncio.Task[None]] = []
             try:
                 for queue in self.app.queues:
-                    await consumer.subscribe(queue, self._on_delivery, prefetch=self.settings.concurrency)
+                    await consumer.subscribe(
+                        queue, self._on_delivery, prefetch=self.settings.effective_prefetch
+                    )
                 self._install_signal_handlers()
+                if self.settings.health_port is not None:
+                    await self.health.serve(self.settings.health_port)
+                background = [
+                    asyncio.create_task(self._log_summaries(), name="consumer-kit summary"),
+                    asyncio.create_task(self._heartbeat(), name="consumer-kit heartbeat"),
+                    asyncio.create_task(self._apply_holds(consumer), name="consumer-kit consumer hold"),
+                ]
                 logger.info(
-                    "worker %s consuming %s with concurrency %s (broker %s, schema %s)",
+                    "worker %s consuming %s with concurrency %s, prefetch %s per queue (broker %s, schema %s)",
                     self.runtime.worker_id, ", ".join(self.app.queues), self.settings.concurrency,
-                    redact_url(self.settings.broker_url), self.settings.db_schema,
+                    self.settings.effective_prefetch, redact_url(self.settings.broker_url),
+                    self.settings.db_schema,
                 )
                 self.started.set()
-                summary = asyncio.create_task(self._log_summaries(), name="consumer-kit-summary")
                 await self._stop.wait()
-                summary.cancel()
                 logger.info("shutting down: %s deliveries in flight", len(self._inflight))
                 await consumer.stop_consuming()
                 await self._drain()
             finally:
+                for task in [*background, *([self._probe] if self._probe else [])]:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
                 await consumer.close()
+                await self.health.close()
         finally:
             await pool.close()
-        logger.info("worker stopped")
+        totals = self.runtime.counters.snapshot() if self.runtime else {}
+        logger.info(
+            "worker stopped: %s",
+            " ".join(f"{k}={v}" for k, v in sorted(totals.items())) or "no deliveries",
+        )
 
-    async def _log_summaries(self) -> None:
-        """Every ``summary_interval`` seconds with activity, one INFO line of outcome counts, so
-        routine deliveries (logged at DEBUG one by one) stay visible without a line each."""
-        assert self.runtime is not None
-        counters = self.runtime.counters
-        previous: dict[str, int] = {}
-        while True:
-            await asyncio.sleep(self.settings.summary_interval)
-            now = counters.snapshot()
-            delta = {k: v - previous.get(k, 0) for k, v in now.items() if v != previous.get(k, 0)}
-            if delta:
-                logger.info(
-                    "last %.0f s: %s (totals: %s)", self.settings.summary_interval,
-                    " ".join(f"{k}={v}" for k, v in sorted(delta.items())),
-                    " ".join(f"{k}={v}" for k, v in sorted(now.items())),
-                )
-            previous = now
+    # -- deliveries ------------------------------------------------------------------------------
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         assert self.runtime is not None
@@ -137,18 +174,112 @@ class Worker:
             return
         _, pending = await asyncio.wait(set(self._inflight), timeout=self.settings.shutdown_timeout)
         for task in pending:
-            task.cancel()  # the runtime releases the delivery and rolls back its transaction
+            task.cancel()  # the runtime rolls back and releases the delivery (uncounted)
         if pending:
-            logger.warning("released %s deliveries still running after %.0f s", len(pending), self.settings.shutdown_timeout)
+            logger.warning(
+                "released %s deliveries still running after %.0f s", len(pending), self.settings.shutdown_timeout
+            )
             await asyncio.wait(pending, timeout=self.settings.settle_timeout)
+
+    # -- environment faults: pause, probe, resume --------------------------------------------------
+
+    def _on_environment_fault(self, reason: str) -> None:
+        if self._stop.is_set() or not self.admission.pause(reason):
+            return
+        self.pauses += 1
+        logger.warning("paused: %s; giving deliveries back and probing the database", reason)
+        self._probe = asyncio.create_task(self._probe_until_writable(), name="consumer-kit probe")
+
+    async def _probe_until_writable(self) -> None:
+        assert self._database_url is not None and self._pool is not None and self.runtime is not None
+        paused_at = time.monotonic()
+        delay = _FIRST_PROBE_DELAY
+        while not self._stop.is_set():
+            await asyncio.sleep(delay)
+            reason = await probe_writable(self._database_url, timeout=self.settings.statement_timeout)
+            if reason is None:
+                break
+            logger.info("database still unavailable (%s); next probe in %.1f s", reason, delay)
+            delay = min(delay * 2, self.settings.probe_backoff_max)
+        else:
+            return
+        # Sessions opened during the outage may be read-only or dead: start from new ones.
+        await self._pool.drain()
+        await self.runtime.flush_markers()
+        self.admission.resume()
+        logger.info("resumed: the database accepts writes again after %.1f s", time.monotonic() - paused_at)
+
+    def _hold_consumers(self, hold: bool) -> None:
+        """Admission says whether the broker should hold back deliveries (paused or someone runs
+        alone); :meth:`_apply_holds` makes the consumer follow, one call at a time."""
+        self._consumers_held = hold
+        self._holding.set()
+
+    async def _apply_holds(self, consumer: Consumer) -> None:
+        applied = False
+        while True:
+            await self._holding.wait()
+            self._holding.clear()
+            wanted = self._consumers_held
+            if wanted == applied:
+                continue
+            try:
+                await (consumer.pause() if wanted else consumer.resume())
+                applied = wanted
+            except Exception as exc:  # noqa: BLE001 - retried on the next change; deliveries are given back meanwhile
+                logger.warning("consumer %s failed (%s)", "pause" if wanted else "resume", type(exc).__name__)
+                await asyncio.sleep(1.0)
+                self._holding.set()
+
+    # -- health ------------------------------------------------------------------------------------
+
+    def _ready(self) -> bool:
+        return (
+            self.started.is_set() and not self._stop.is_set() and not self.admission.paused
+            and (self._consumer is None or self._consumer.ready)
+        )
+
+    def _health_detail(self) -> dict[str, Any]:
+        return {
+            "paused": self.admission.paused_reason,
+            "running": self.admission.running,
+            "pauses": self.pauses,
+            "outcomes": self.runtime.counters.snapshot() if self.runtime else {},
+        }
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.health.beat()
+            await asyncio.sleep(_HEARTBEAT)
+
+    async def _log_summaries(self) -> None:
+        """Every ``summary_interval`` seconds with activity, one INFO line of outcome counts, so
+        routine deliveries (logged at DEBUG one by one) stay visible without a line each."""
+        assert self.runtime is not None
+        counters = self.runtime.counters
+        previous: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(self.settings.summary_interval)
+            now = counters.snapshot()
+            delta = {k: v - previous.get(k, 0) for k, v in now.items() if v != previous.get(k, 0)}
+            if delta:
+                logger.info(
+                    "last %.0f s: %s (totals: %s)", self.settings.summary_interval,
+                    " ".join(f"{k}={v}" for k, v in sorted(delta.items())),
+                    " ".join(f"{k}={v}" for k, v in sorted(now.items())),
+                )
+            previous = now
+
+    # -- start-up --------------------------------------------------------------------------------
 
     async def _prepare_schema(self, pool: AsyncConnectionPool) -> None:
         async with pool.connection() as conn:
             if self._migrate:
                 await migrate(conn, self.settings.db_schema)
-            elif not await schema_ready(conn, self.settings.db_schema):
+            elif missing := await missing_migrations(conn, self.settings.db_schema):
                 raise ConfigurationError(
-                    f"schema {self.settings.db_schema!r} has no ledger: run `consumer-kit migrate` first"
+                    f"schema {self.settings.db_schema!r} lacks ledger migrations "
+                    f"{', '.join(map(str, missing))}: run `consumer-kit migrate` first"
                 )
             for startup in self.app.startup:
                 await startup(conn)

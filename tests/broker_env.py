@@ -49,9 +49,12 @@ class Env:
         self.publisher = RabbitMQPublisher(rabbitmq_url)
 
     async def send(self, body: bytes, headers: dict[str, Any] | None = None) -> str:
+        return await self.send_to(self.queue, body, headers)
+
+    async def send_to(self, queue: str, body: bytes, headers: dict[str, Any] | None = None) -> str:
         message_id = str(uuid.uuid4())
         await self.publisher.publish(
-            OutgoingMessage(destination="", routing_key=self.queue, message_id=message_id, body=body,
+            OutgoingMessage(destination="", routing_key=queue, message_id=message_id, body=body,
                             message_type="CreateInvoice", headers=headers or {})
         )
         return message_id

@@ -50,7 +50,7 @@ TERMINAL_OUTCOMES = frozenset(
     {
         Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.PAYLOAD_CONFLICT, Outcome.LEASE_RECOVERED,
         Outcome.FAILED, Outcome.FAILED_RETAINED, Outcome.INVALID, Outcome.DEAD_LETTERED,
-        Outcome.KEY_EXPIRED,
+        Outcome.KEY_EXPIRED, Outcome.CRASHED_WORKER,
     }
 )
 

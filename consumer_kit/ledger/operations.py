@@ -1,7 +1,6 @@
-"""The operation ledger: the ``operations`` table, its claim and its transitions.
+"""The ``operations`` table: the claim and the transitions of one operation's row.
 
-All ledger SQL lives here, built with ``psycopg.sql`` (the schema name is an identifier, never
-formatted by hand). States: ``processing -> completed | failed | needs_reconciliation`` and
+States: ``processing -> completed | failed | needs_reconciliation`` and
 ``needs_reconciliation -> completed | failed`` (operator or reconcile pass).
 """
 
@@ -17,57 +16,13 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from consumer_kit.identity import OperationIdentity
-from consumer_kit.outbox import (
-    OUTBOX_MIGRATIONS,
-    PendingEvent,
-    events_cte,
-    events_params,
-    notify_channel,
-)
+from consumer_kit.outbox import PendingEvent, events_cte, events_params
 from consumer_kit.outcomes import StoredResult
 
 PROCESSING = "processing"
 COMPLETED = "completed"
 FAILED = "failed"
 NEEDS_RECONCILIATION = "needs_reconciliation"
-
-# Ordered, append-only; each statement is idempotent so a re-run (or a concurrent run, serialised by
-# the advisory lock in ``migrate``) is safe.
-LEDGER_MIGRATIONS: list[tuple[int, str]] = [
-    (
-        1,
-        """
-        CREATE TABLE IF NOT EXISTS {schema}.operations (
-            scope               text        NOT NULL,
-            key                 text        NOT NULL,
-            tenant              text        NOT NULL,
-            operation_type      text        NOT NULL,
-            fingerprint         text        NOT NULL,
-            projection_version  integer     NOT NULL,
-            state               text        NOT NULL CHECK (state IN
-                                    ('processing', 'completed', 'failed', 'needs_reconciliation')),
-            attempts            integer     NOT NULL DEFAULT 1,
-            lease_owner         text,
-            lease_expires_at    timestamptz,
-            message_id          text,
-            result_status       text,
-            result_reference    text,
-            result_body         jsonb,
-            error_class         text,
-            error_detail        text,
-            created_at          timestamptz NOT NULL DEFAULT now(),
-            updated_at          timestamptz NOT NULL DEFAULT now(),
-            completed_at        timestamptz,
-            PRIMARY KEY (scope, key)
-        );
-        CREATE INDEX IF NOT EXISTS operations_open_leases_idx
-            ON {schema}.operations (lease_expires_at) WHERE state = 'processing';
-        CREATE INDEX IF NOT EXISTS operations_needs_reconciliation_idx
-            ON {schema}.operations (updated_at) WHERE state = 'needs_reconciliation';
-        """,
-    ),
-]
-
 
 @dataclass(frozen=True)
 class OperationRow:
@@ -335,50 +290,3 @@ class Ledger:
         """Take over a ``processing`` row whose lease has expired. ``True`` when this call won."""
         cur = await conn.execute(self._take_over, (owner, lease_seconds, scope, key))
         return cur.rowcount == 1
-
-
-async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
-    """Create or upgrade the ledger and outbox in ``schema``; safe to re-run and to run concurrently.
-
-    Returns the migration versions applied by this call (empty when already up to date).
-    """
-
-    schema_id = sql.Identifier(schema)
-    applied_now: list[int] = []
-    async with conn.transaction():
-        # Serialise concurrent migrators (two workers starting at once) on one schema.
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("consumer_kit:" + schema,))
-        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema_id))
-        await conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, "
-                "applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(sql.Identifier(schema, "schema_migrations"))
-        )
-        cur = await conn.execute(
-            sql.SQL("SELECT version FROM {}").format(sql.Identifier(schema, "schema_migrations"))
-        )
-        done = {row[0] for row in await cur.fetchall()}
-        for version, ddl in sorted(LEDGER_MIGRATIONS + OUTBOX_MIGRATIONS):
-            if version in done:
-                continue
-            await conn.execute(
-                sql.SQL(ddl).format(schema=schema_id, channel=sql.Literal(notify_channel(schema)))
-            )
-            await conn.execute(
-                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
-                    sql.Identifier(schema, "schema_migrations")
-                ),
-                (version,),
-            )
-            applied_now.append(version)
-    return applied_now
-
-
-async def schema_ready(conn: AsyncConnection[Any], schema: str) -> bool:
-    """``True`` when ``schema`` holds the ledger (``consumer-kit migrate`` has run)."""
-    cur = await conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", (sql.Identifier(schema, "operations").as_string(conn),)
-    )
-    row = await cur.fetchone()
-    return bool(row and row[0])

@@ -1,0 +1,114 @@
+"""Steps 2 and 3 of a delivery: pick the handler, validate the body, compute the operation identity.
+
+Everything here is a pure function of the delivery: an invalid one raises
+:class:`~consumer_kit.errors.InvalidMessage` with the specific dead-letter reason, and nothing has
+touched the database yet.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from consumer_kit.app import App
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, Envelope
+from consumer_kit.errors import DeadLetterReason, InvalidMessage
+from consumer_kit.handler import Handler
+from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, fingerprint, normalize_key
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a larger body is dead-lettered as invalid_json before parsing
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A delivery that passed steps 2 and 3."""
+
+    handler: Handler[Any]
+    message: BaseModel
+    identity: OperationIdentity
+
+
+def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
+    """Route, parse and validate ``body`` and compute scope, key and fingerprint.
+
+    Raises:
+        InvalidMessage: with the specific dead-letter reason (``invalid_json``, ``schema_mismatch``,
+            ``missing_operation_key``, ``invalid_operation_key``, ``invalid_header``,
+            ``unknown_message_type``).
+    """
+    handler = route(app, queue, envelope)
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_JSON, f"body is {len(body)} bytes (max {MAX_BODY_BYTES})"
+        )
+    try:
+        raw = json.loads(body)  # bytes: UTF-8/16/32 detected per RFC 8259
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, f"{type(exc).__name__} at body") from None
+    try:
+        message = handler.model.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidMessage(DeadLetterReason.SCHEMA_MISMATCH, describe_validation(exc)) from None
+    key = normalize_key(handler.operation_key(message, envelope), what=_key_source(handler))
+    try:
+        tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
+    except InvalidMessage as exc:  # the tenant comes from a header: report it as one
+        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
+    if len(tenant) > MAX_SCOPE_PART_LENGTH:
+        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
+    try:
+        message_fingerprint = fingerprint(message, handler.fingerprint_exclude)
+    except UnicodeEncodeError:  # "\ud800" is valid JSON syntax but not Unicode (RFC 8259 8.2)
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, "body holds a lone surrogate") from None
+    identity = OperationIdentity(
+        tenant=tenant,
+        operation_type=handler.operation_type,
+        version=handler.version,
+        key=key,
+        fingerprint=message_fingerprint,
+        projection_version=handler.projection_version,
+    )
+    return Decoded(handler, message, identity)
+
+
+def route(app: App, queue: str, envelope: Envelope) -> Handler[Any]:
+    """The handler of ``queue`` for the delivery's ``message-type`` header (the only handler of
+    the queue when the header is absent).
+
+    Raises:
+        InvalidMessage: ``invalid_header`` or ``unknown_message_type``.
+    """
+    handlers = app.routes.get(queue, {})
+    wanted = envelope.header(MESSAGE_TYPE_HEADER)
+    if wanted is None and len(handlers) == 1:
+        return next(iter(handlers.values()))
+    if isinstance(wanted, bytes):
+        wanted = wanted.decode("utf-8", errors="replace")
+    if not isinstance(wanted, str) and wanted is not None:
+        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "message-type must be a string")
+    handler = handlers.get(wanted) if wanted is not None else None
+    if handler is None:
+        raise InvalidMessage(
+            DeadLetterReason.UNKNOWN_MESSAGE_TYPE,
+            f"no handler on queue {queue!r} for message-type {str(wanted)[:100]!r}",
+        )
+    return handler
+
+
+def describe_validation(exc: ValidationError) -> str:
+    """Field locations and error types only: pydantic's default text would echo payload values."""
+    parts = [
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['type']}"
+        for err in exc.errors(include_url=False, include_input=False, include_context=False)[:10]
+    ]
+    return "; ".join(parts)
+
+
+def _key_source(handler: Handler[Any]) -> str:
+    """How to name the key in an error: where it comes from when the handler does not say."""
+    if type(handler).operation_key is Handler.operation_key:
+        return f"operation key (header {OPERATION_ID_HEADER!r})"
+    return f"operation key of {type(handler).__name__}"

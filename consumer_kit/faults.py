@@ -1,0 +1,81 @@
+"""Which kind of fault an exception is (DESIGN.md "Faults and attempts").
+
+Only a fault of the message may cost it an attempt. Every error the runtime sees while processing
+a delivery is one of:
+
+=============  ==============================================  ==================================
+kind           examples                                        what the worker does
+=============  ==============================================  ==================================
+message        deterministic database rejection: SQLSTATE      dead-letter at once with a reason
+               class 22 (data exception), 23502 NOT NULL,
+               23514 CHECK
+handler        any other exception of the handler's own code   roll back, retry with backoff;
+               (a bug, a remote API down, a unique violation   counts toward ``max_deliveries``
+               from a race)
+contention     lock timeout 55P03, deadlock 40P01,             roll back, retry with jitter;
+               serialization failure 40001                     counted apart (``max_contentions``)
+environment    database unreachable or shutting down (class    give the delivery back uncounted,
+               08, 57P01-57P05), read-only (25006), too many   pause consuming, probe, resume
+               connections / out of resources (class 53),
+               pool exhausted, a framework statement that
+               did not answer in time
+=============  ==============================================  ==================================
+
+A unique violation (23505) stays a handler fault: it is usually a race with another operation,
+which a retry resolves. A foreign-key violation (23503) likewise: the parent row may be written
+by a message that has not arrived yet.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import PoolTimeout
+
+
+class FaultKind(enum.StrEnum):
+    MESSAGE = "message"
+    HANDLER = "handler"
+    CONTENTION = "contention"
+    ENVIRONMENT = "environment"
+
+
+class StatementTimeout(Exception):
+    """A statement of consumer-kit's own (claim, completion, COMMIT, attempt bookkeeping) did not
+    answer within ``statement_timeout`` seconds: the database or the network is at fault. Its
+    connection is discarded."""
+
+
+# SQLSTATEs whose rejection is a property of the values (the same input fails the same way).
+_DETERMINISTIC = frozenset({"23502", "23514"})
+_CONTENTION = frozenset({"55P03", "40P01", "40001"})
+# 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, 57P04 database_dropped,
+# 57P05 idle_session_timeout; 25006 read_only_sql_transaction; 25P04 transaction_timeout.
+_ENVIRONMENT = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05", "25006"})
+_ENVIRONMENT_CLASSES = ("08", "53", "58")  # connection exception, insufficient resources, system error
+
+
+def classify(exc: BaseException) -> FaultKind:
+    """The kind of fault ``exc`` is (table in the module docstring).
+
+    A psycopg error is classified by its SQLSTATE; an ``OperationalError`` without one (the
+    connection broke, the server closed it) is an environment fault, as are ``PoolTimeout`` and
+    :class:`StatementTimeout`. Anything else is a handler fault.
+    """
+    if isinstance(exc, (PoolTimeout, StatementTimeout)):
+        return FaultKind.ENVIRONMENT
+    if isinstance(exc, psycopg.Error):
+        sqlstate = exc.sqlstate or ""
+        if sqlstate in _CONTENTION:
+            return FaultKind.CONTENTION
+        if sqlstate in _ENVIRONMENT or sqlstate.startswith(_ENVIRONMENT_CLASSES):
+            return FaultKind.ENVIRONMENT
+        if sqlstate.startswith("22") or sqlstate in _DETERMINISTIC:
+            return FaultKind.MESSAGE
+        if isinstance(exc, pg_errors.InFailedSqlTransaction):
+            return FaultKind.HANDLER  # the handler swallowed an error and carried on
+        if not sqlstate and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return FaultKind.ENVIRONMENT  # connection lost: no server reply to classify
+    return FaultKind.HANDLER

@@ -1,0 +1,131 @@
+"""The ledger's schema: ordered migrations of the ``operations`` and ``attempts`` tables (the
+outbox's own come from :mod:`consumer_kit.outbox`), applied by :func:`migrate`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+
+from consumer_kit.outbox import OUTBOX_MIGRATIONS, notify_channel
+
+# Ordered, append-only; each statement is idempotent so a re-run (or a concurrent run, serialised by
+# the advisory lock in ``migrate``) is safe.
+LEDGER_MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.operations (
+            scope               text        NOT NULL,
+            key                 text        NOT NULL,
+            tenant              text        NOT NULL,
+            operation_type      text        NOT NULL,
+            fingerprint         text        NOT NULL,
+            projection_version  integer     NOT NULL,
+            state               text        NOT NULL CHECK (state IN
+                                    ('processing', 'completed', 'failed', 'needs_reconciliation')),
+            attempts            integer     NOT NULL DEFAULT 1,
+            lease_owner         text,
+            lease_expires_at    timestamptz,
+            message_id          text,
+            result_status       text,
+            result_reference    text,
+            result_body         jsonb,
+            error_class         text,
+            error_detail        text,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            updated_at          timestamptz NOT NULL DEFAULT now(),
+            completed_at        timestamptz,
+            PRIMARY KEY (scope, key)
+        );
+        CREATE INDEX IF NOT EXISTS operations_open_leases_idx
+            ON {schema}.operations (lease_expires_at) WHERE state = 'processing';
+        CREATE INDEX IF NOT EXISTS operations_needs_reconciliation_idx
+            ON {schema}.operations (updated_at) WHERE state = 'needs_reconciliation';
+        """,
+    ),
+    (
+        2,
+        # consumer-kit's own attempt count per operation (DESIGN.md "Faults and attempts"): it, not
+        # the broker's delivery count, decides dead-lettering. Written only when something went
+        # wrong (a handler fault, contention) or a redelivered message runs alone, so the common
+        # path never touches it. ``running_*`` marks a run alone in progress: found still set by
+        # the next run, it means the process died while running this operation alone (a crash).
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.attempts (
+            scope          text        NOT NULL,
+            key            text        NOT NULL,
+            failures       integer     NOT NULL DEFAULT 0,
+            contentions    integer     NOT NULL DEFAULT 0,
+            crashes        integer     NOT NULL DEFAULT 0,
+            running_owner  text,
+            running_since  timestamptz,
+            history        jsonb       NOT NULL DEFAULT '[]'::jsonb,
+            created_at     timestamptz NOT NULL DEFAULT now(),
+            updated_at     timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (scope, key)
+        );
+        """,
+    ),
+]
+
+
+async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
+    """Create or upgrade the ledger and outbox in ``schema``; safe to re-run and to run concurrently.
+
+    Returns the migration versions applied by this call (empty when already up to date).
+    """
+
+    schema_id = sql.Identifier(schema)
+    applied_now: list[int] = []
+    async with conn.transaction():
+        # Serialise concurrent migrators (two workers starting at once) on one schema.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("consumer_kit:" + schema,))
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema_id))
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY, "
+                "applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(sql.Identifier(schema, "schema_migrations"))
+        )
+        cur = await conn.execute(
+            sql.SQL("SELECT version FROM {}").format(sql.Identifier(schema, "schema_migrations"))
+        )
+        done = {row[0] for row in await cur.fetchall()}
+        for version, ddl in sorted(LEDGER_MIGRATIONS + OUTBOX_MIGRATIONS):
+            if version in done:
+                continue
+            await conn.execute(
+                sql.SQL(ddl).format(schema=schema_id, channel=sql.Literal(notify_channel(schema)))
+            )
+            await conn.execute(
+                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
+                    sql.Identifier(schema, "schema_migrations")
+                ),
+                (version,),
+            )
+            applied_now.append(version)
+    return applied_now
+
+
+async def schema_ready(conn: AsyncConnection[Any], schema: str) -> bool:
+    """``True`` when ``schema`` holds the ledger with every migration applied."""
+    return not await missing_migrations(conn, schema)
+
+
+async def missing_migrations(conn: AsyncConnection[Any], schema: str) -> list[int]:
+    """The migration versions ``consumer-kit migrate`` would still apply to ``schema`` (all of them
+    when the schema has no ledger)."""
+    wanted = sorted(version for version, _ in LEDGER_MIGRATIONS + OUTBOX_MIGRATIONS)
+    cur = await conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL",
+        (sql.Identifier(schema, "schema_migrations").as_string(conn),),
+    )
+    row = await cur.fetchone()
+    if not (row and row[0]):
+        return wanted
+    cur = await conn.execute(
+        sql.SQL("SELECT version FROM {}").format(sql.Identifier(schema, "schema_migrations"))
+    )
+    done = {r[0] for r in await cur.fetchall()}
+    return [v for v in wanted if v not in done]
