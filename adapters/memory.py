@@ -1,10 +1,13 @@
 """In-process broker with peek-lock semantics, for the demo and fast tests.
 
 It behaves like the real brokers where the runtime can tell: a delivery is hidden under a lock
-for ``lock_timeout`` seconds and redelivered (delivery count + 1) if not settled by then; ``retry``
-re-queues after a delay; ``dead_letter`` moves the message to the queue's DLQ with its reason;
-settling after the lock expired raises :class:`LockLostError` (like Service Bus). Brokers are
-named (``memory://name``) and shared within one process so a worker and a relay can meet.
+for ``lock_timeout`` seconds and redelivered (delivery count + 1, ``redelivered``) if not settled
+by then; ``retry`` re-queues after a delay; ``dead_letter`` moves the message to the queue's DLQ
+with its reason; ``release`` re-queues at once, uncounted, and keeps ``redelivered`` only for a
+delivery that was itself a redelivery (a suspect stays a suspect); ``renew_lock`` extends the lock;
+a settlement that fails (settling after the lock expired raises :class:`LockLostError`, like
+Service Bus) abandons the delivery, which re-queues it as a redelivery. Brokers are named
+(``memory://name``) and shared within one process so a worker and a relay can meet.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class StoredMessage:
     body: bytes
     message_id: str
     headers: dict[str, Any]
-    deliveries: int = 0  # how many times handed out so far
+    deliveries: int = 0  # how many times handed out so far (releases excepted)
+    suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
 
 
 @dataclass(frozen=True)
@@ -173,31 +177,51 @@ class MemoryDelivery(Delivery):
             headers=dict(message.headers),
             body=message.body,
             delivery_count=message.deliveries,
+            redelivered=message.suspect,
         )
         self._broker = broker
         self._message = message
         self._lock_expired = False
-        self._lock_timer = asyncio.get_running_loop().call_later(broker.lock_timeout, self._expire_lock)
+        self._lock_timer = self._arm_lock()
+
+    def _arm_lock(self) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(self._broker.lock_timeout, self._expire_lock)
 
     def _expire_lock(self) -> None:
         if self.settlement is None:
-            self._lock_expired = True
             logger.info("lock expired queue=%s message_id=%s: redelivering", self.queue, self.message_id)
-            self._broker._enqueue(self.queue, self._message)
+            self._redeliver()
+
+    def _redeliver(self) -> None:
+        """Give the message back as a redelivery (the hand-over ended without a settlement)."""
+        self._lock_expired = True
+        self._lock_timer.cancel()
+        self._message.suspect = True
+        self._broker._enqueue(self.queue, self._message)
 
     def _unlock(self) -> None:
         if self._lock_expired:
             raise LockLostError(f"lock on message {self.message_id} expired before settlement")
         self._lock_timer.cancel()
 
+    async def _renew_lock(self) -> bool:
+        if self._lock_expired:
+            return False
+        self._lock_timer.cancel()
+        self._lock_timer = self._arm_lock()
+        return True
+
+    async def _abandon(self) -> None:
+        if not self._lock_expired:  # an expired lock already gave it back
+            self._redeliver()
+
     async def _ack(self) -> None:
         self._unlock()
         self._broker._finished()
 
-    async def _retry(self, delay: float, count: bool) -> None:
+    async def _retry(self, delay: float) -> None:
         self._unlock()
-        if not count:
-            self._message.deliveries -= 1
+        self._message.suspect = False
         self._broker._enqueue_later(self.queue, self._message, delay)
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
@@ -207,16 +231,20 @@ class MemoryDelivery(Delivery):
 
     async def _release(self) -> None:
         self._unlock()
+        self._message.deliveries -= 1  # uncounted; a suspect stays a suspect
         self._broker._enqueue(self.queue, self._message)
 
 
 class MemoryConsumer(Consumer):
-    """Consumes from a :class:`MemoryBroker` with at most ``prefetch`` deliveries in flight."""
+    """Consumes from a :class:`MemoryBroker` with at most ``prefetch`` deliveries in flight;
+    :meth:`pause` stops handing out deliveries until :meth:`resume`."""
 
     def __init__(self, broker: MemoryBroker) -> None:
         self.broker = broker
         self._pumps: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
+        self._running = asyncio.Event()
+        self._running.set()
 
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
         self._pumps.append(
@@ -228,14 +256,26 @@ class MemoryConsumer(Consumer):
         slots = asyncio.Semaphore(prefetch)
         while True:
             await slots.acquire()
-            while not q.ready:
-                q.available.clear()
-                await q.available.wait()
-            delivery = MemoryDelivery(self.broker, queue, q.ready.popleft())
+            delivery = MemoryDelivery(self.broker, queue, await self._next(q))
             task: asyncio.Task[None] = asyncio.ensure_future(callback(delivery))
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             task.add_done_callback(lambda _t: slots.release())
+
+    async def _next(self, q: _Queue) -> StoredMessage:
+        """The next ready message of ``q``, waiting while paused or empty."""
+        while True:
+            await self._running.wait()
+            if q.ready:  # no await between this check and the pop: a pause cannot slip in
+                return q.ready.popleft()
+            q.available.clear()
+            await q.available.wait()
+
+    async def pause(self) -> None:
+        self._running.clear()
+
+    async def resume(self) -> None:
+        self._running.set()
 
     async def stop_consuming(self) -> None:
         for pump in self._pumps:

@@ -146,6 +146,17 @@ class PendingEvent:
     headers: str
 
 
+MAX_EVENT_HEADERS_BYTES = 16 * 1024
+"""Bytes: the largest encoding (compact JSON, UTF-8) of an event's own headers.
+
+The relay sends an event's properties and headers in one AMQP frame, whose size the broker
+negotiates (RabbitMQ: ``frame_max`` 131,072 bytes by default); a frame larger than that closes
+the relay's whole connection, so the relay refuses such an event and parks it. 16 KiB leaves
+room for the relay's own headers (event id, operation, trace context) far below any default
+frame, and refuses an oversized event where it is written, in the handler, not at publish time.
+"""
+
+
 def pending_event(
     *,
     destination: str,
@@ -158,11 +169,19 @@ def pending_event(
     """A :class:`PendingEvent` with a new event ID.
 
     Raises:
-        ValueError: empty destination.
+        ValueError: empty destination, or headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded.
         TypeError: payload or headers not JSON-serialisable.
     """
     if not destination:
         raise ValueError("destination must be a non-empty outbox destination name")
+    encoded_headers = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+    size = len(encoded_headers.encode("utf-8"))
+    if size > MAX_EVENT_HEADERS_BYTES:
+        raise ValueError(
+            f"event headers are {size} bytes encoded (JSON, UTF-8); the limit is "
+            f"{MAX_EVENT_HEADERS_BYTES} bytes (MAX_EVENT_HEADERS_BYTES), so that they always fit "
+            "the broker's frame with the relay's own headers"
+        )
     return PendingEvent(
         event_id=uuid.uuid4(),
         destination=destination,
@@ -170,7 +189,7 @@ def pending_event(
         message_type=message_type,
         partition_key=partition_key,
         payload=json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
-        headers=json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False),
+        headers=encoded_headers,
     )
 
 
@@ -246,7 +265,7 @@ class OutboxWriter:
         """Insert one event row; returns its event ID.
 
         Raises:
-            ValueError: empty destination.
+            ValueError: empty destination, or headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded.
             TypeError: payload or headers not JSON-serialisable.
         """
         event = pending_event(

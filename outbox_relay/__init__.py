@@ -16,7 +16,10 @@ Guarantees
 * **Failures back off, then park.** A failed publish sets ``attempts + 1``, ``last_error`` and
   ``available_at = now() + min(backoff_max, backoff_base * 2**(attempts-1))``. After
   ``relay_max_attempts`` the row is *parked*: never deleted, never retried until an operator runs
-  ``outbox-relay requeue``; ``outbox-relay status`` lists it.
+  ``outbox-relay requeue``; ``outbox-relay status`` lists it. A row that can never be published as
+  it is (an unknown destination, a permanent ``PublishError``: too large for the broker's frame or
+  message size, a destination of another type, access refused) is parked at once, with the
+  broker's reply text in ``last_error`` (counter ``parked_permanent``).
 
 Ordering (``relay_ordered``, on by default)
 ===========================================

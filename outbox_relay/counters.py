@@ -19,7 +19,8 @@ NAMES = (
     "published",          # rows confirmed by the broker and marked published
     "republished",        # published rows whose earlier attempt failed or whose lease expired
     "publish_failed",     # failed attempts (attempts + 1, backoff)
-    "parked",             # rows that reached max attempts (or an unknown destination)
+    "parked",             # rows that reached max attempts (or were parked at once)
+    "parked_permanent",   # rows parked at once: the broker can never take them as they are
     "unknown_destination",
     "taken_over",         # rows claimed after another relay's lease ran out
     "deadline_exceeded",  # publishes cancelled because the lease was about to run out

@@ -4,7 +4,8 @@ One pass (:meth:`Relay.relay_batch`)::
 
     1. claim      up to batch_size rows under a lease (store.claim; FOR UPDATE SKIP LOCKED)
     2. publish    concurrently (at most max_in_flight unconfirmed), each with message id = event ID,
-                  within publish_deadline (80 % of the lease) so no other relay can hold the row yet
+                  within publish_deadline (80 % of the lease) so no other relay can hold the row yet;
+                  a permanent PublishError (too large, refused as addressed) parks its row at once
     3. crash point AFTER_PUBLISH_BEFORE_MARK (after each confirm, before the mark)
     4. mark       confirmed rows published in one statement; failed rows attempts + 1, last_error,
                   exponential backoff (parked at max_attempts) in one more statement
@@ -224,9 +225,13 @@ class Relay:
                 "%s of %s publishes failed (backing off); first error: %s",
                 len(failures), len(rows), failures[0].error,
             )
+        event_ids = {row.id: row.event_id for row in rows}
         for failure in failures:
-            if failure.id in parked:
-                logger.error("row id=%s parked after its last attempt: %s", failure.id, failure.error)
+            if failure.id in parked and not failure.park:  # parked-at-once rows were logged
+                logger.error(
+                    "event_id=%s parked after its last attempt: %s",
+                    event_ids.get(failure.id), failure.error,
+                )
         logger.debug(
             "batch claimed=%s published=%s failed=%s parked=%s",
             len(rows), len(confirmed), len(failures), len(parked),
@@ -296,6 +301,7 @@ class Relay:
             exchange, routing_key = self.routing.resolve(row.destination, row.routing_key)
         except UnknownDestination as exc:
             self.counters.add("unknown_destination")
+            logger.error("event_id=%s parked: %s", row.event_id, exc)
             return Failure(row.id, str(exc), park=True)
         stored = {str(k): str(v) for k, v in row.headers.items()}
         with tracer.start_as_current_span(
@@ -313,14 +319,28 @@ class Relay:
             try:
                 await self._publisher.publish(message)
             except Exception as exc:  # noqa: BLE001 - PublishError or an adapter's own error
-                error = f"{type(exc).__name__}: {exc}"[:500]
-                logger.debug(
-                    "publish failed event_id=%s destination=%s attempt=%s: %s",
-                    row.event_id, row.destination, row.attempts + 1, error,
-                )
-                # The broker's or the connection's fault, not the row's: short backoff, no parking.
-                return Failure(row.id, error, transient=isinstance(exc, PublishError) and exc.transient)
+                return self._failure(row, exc)
         return None
+
+    def _failure(self, row: ClaimedRow, exc: Exception) -> Failure:
+        """What a failed publish means for ``row`` (``PublishError``'s three kinds): permanent
+        parks it at once with the broker's reply; transient backs off briefly and never parks;
+        anything else (row errors, an adapter's own exception) backs off and parks after
+        ``max_attempts``. The text never carries the payload."""
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        if isinstance(exc, PublishError) and exc.permanent:
+            self.counters.add("parked_permanent")
+            logger.error(
+                "event_id=%s destination=%s can never be published as it is; parked: %s",
+                row.event_id, row.destination, error,
+            )
+            return Failure(row.id, error, park=True)
+        logger.debug(
+            "publish failed event_id=%s destination=%s attempt=%s: %s",
+            row.event_id, row.destination, row.attempts + 1, error,
+        )
+        # The broker's or the connection's fault, not the row's: short backoff, no parking.
+        return Failure(row.id, error, transient=isinstance(exc, PublishError) and exc.transient)
 
     def _outgoing(
         self, row: ClaimedRow, exchange: str, routing_key: str, stored: dict[str, str]

@@ -1,0 +1,107 @@
+"""RabbitMQ adapter (aio-pika): deliveries in, settlement, publishers out.
+
+The aio-pika SDK (with aiormq and pamqp) is imported only inside this package. One job per module:
+
+==================  ===============================================================================
+module              job
+==================  ===============================================================================
+``topology``        queue names, arguments and tolerant declarations; exchange declarations;
+                    the broker delivery limit
+``headers``         header names consumer-kit reads and writes; the delivery count formula
+``limits``          frame and message-size checks before any publish; trimming a copy to fit
+``errors``          the broker's reply codes and texts; PublishError kinds
+``connection``      opening and closing connections and channels
+``delivery``        :class:`RabbitMQDelivery`: ack, retry, dead-letter and release copies, abandon
+``subscription``    one queue on a channel of its own: consume, cancel, re-create
+``consumer``        :class:`RabbitMQConsumer`: the connection, recovery, pause and resume
+``publisher``       :class:`RabbitMQPublisher`: the relay's confirmed publishes
+==================  ===============================================================================
+
+Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
+``<queue>.dlq`` and one ``<queue>.retry.<ms>ms`` per retry delay tier; details in
+:mod:`adapters.rabbitmq.topology`.
+
+**Broker delivery limit: a loop guard only.** Quorum work queues get
+``x-delivery-limit = max(50, 5 * (max_deliveries + crash_limit))``
+(:func:`broker_delivery_limit`). consumer-kit counts attempts in its ledger and never lets the
+broker count a graceful give-back: ``release`` republishes an uncounted copy instead of
+``basic.nack(requeue=True)``, so only lost settlements and dead workers move the broker's count.
+
+**Delivery count and suspects.** ``delivery_count`` follows :mod:`adapters.rabbitmq.headers`;
+``redelivered`` is the broker's flag or ``x-consumer-kit-redelivered`` (a released suspect stays
+one). Settlement details: :mod:`adapters.rabbitmq.delivery`.
+
+**One message never closes a shared connection.** Every publish (the relay's, and the retry,
+release and dead-letter copies) is measured first: the encoded properties and headers against the
+connection's negotiated ``frame_max``, the body against ``max_message_size`` (RabbitMQ 3.10
+default 128 MiB). The relay's publisher refuses an oversized event with a permanent
+``PublishError`` naming the limit and the size (the relay parks it at once). A copy that does not
+fit drops, largest first, the headers that are neither consumer-kit's nor the operation's; if it
+still does not fit, retry and release fall back to ``basic.nack(requeue=True)`` and a dead-letter
+is ``basic.reject(requeue=False)``-ed into the work queue's own dead-letter exchange. Exchange
+declarations and suspect publishes run on channels of their own (:mod:`adapters.rabbitmq.publisher`).
+
+Entry points (``consumer_kit.brokers``, schemes ``amqp``/``amqps``): :func:`consumer_from_settings`,
+:func:`publisher_from_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.rabbitmq.consumer import RabbitMQConsumer
+from adapters.rabbitmq.delivery import RabbitMQDelivery
+from adapters.rabbitmq.headers import (
+    DEAD_LETTER_DETAIL_HEADER,
+    DEAD_LETTER_REASON_HEADER,
+    DELIVERIES_HEADER,
+    ORIGINAL_QUEUE_HEADER,
+    REDELIVERED_HEADER,
+    TRIMMED_HEADER,
+    delivery_count_of,
+)
+from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
+from adapters.rabbitmq.publisher import RabbitMQPublisher
+from adapters.rabbitmq.topology import QUEUE_TYPES, broker_delivery_limit
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+
+__all__ = [
+    "DEAD_LETTER_DETAIL_HEADER",
+    "DEAD_LETTER_REASON_HEADER",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DELIVERIES_HEADER",
+    "MESSAGE_TYPE_HEADER",
+    "ORIGINAL_QUEUE_HEADER",
+    "QUEUE_TYPES",
+    "REDELIVERED_HEADER",
+    "TRIMMED_HEADER",
+    "RabbitMQConsumer",
+    "RabbitMQDelivery",
+    "RabbitMQPublisher",
+    "broker_delivery_limit",
+    "consumer_from_settings",
+    "delivery_count_of",
+    "publisher_from_settings",
+]
+
+
+def consumer_from_settings(settings: Any) -> RabbitMQConsumer:
+    """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``consumer_kit.settings.Settings``
+    (``broker_url``, ``max_deliveries``, ``crash_limit`` (default 3 where the settings have
+    none), ``retry_delays`` plus ``in_progress_delay`` as delay tiers, ``handler_timeout``,
+    ``settle_timeout``)."""
+    delays = [*settings.retry_delays, getattr(settings, "in_progress_delay", 0.0)]
+    return RabbitMQConsumer(
+        settings.broker_url,
+        max_deliveries=settings.max_deliveries,
+        crash_limit=getattr(settings, "crash_limit", 3),
+        retry_delays=delays,
+        handler_timeout=settings.handler_timeout,
+        settle_timeout=settings.settle_timeout,
+    )
+
+
+def publisher_from_settings(settings: Any) -> RabbitMQPublisher:
+    """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
+    waiting at most ``settings.settle_timeout`` seconds for a confirm."""
+    return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)

@@ -1,0 +1,432 @@
+"""The consuming side: one connection, a channel per subscription, recovery, pause and resume.
+
+Recovery, by what was lost:
+
+* **one subscription's channel or consumer** (the broker closed the channel, cancelled the
+  consumer because its queue was deleted, or a delivery abandoned the channel): only that
+  subscription is re-created (topology, channel, qos, consumer), backing off from 0.1 s to 5 s;
+  other subscriptions keep their channels and in-flight deliveries.
+* **the connection**: every subscription is re-created on a new connection, backing off the same
+  way for as long as the consumer is open; an outage longer than ``reconnect_timeout`` is logged
+  at ERROR.
+
+:meth:`RabbitMQConsumer.pause` cancels every consumer (basic.cancel) and keeps the channels, so
+deliveries in flight still settle; :meth:`~RabbitMQConsumer.resume` consumes again. A delivery
+that arrives while paused (it was on the wire when the cancel was sent) is released at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aio_pika.abc import AbstractConnection
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from adapters.rabbitmq.connection import close_quietly, open_connection
+from adapters.rabbitmq.delivery import RabbitMQDelivery
+from adapters.rabbitmq.errors import REFUSED, describe
+from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
+from adapters.rabbitmq.subscription import Subscription
+from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
+from consumer_kit.broker import Consumer, DeliveryCallback
+from consumer_kit.settings import redact_url
+
+logger = logging.getLogger(__name__)
+
+# Pause between reconnect attempts: 0.1 s, 0.2 s, 0.4 s, ... at most this many seconds.
+_MAX_BACKOFF = 5.0
+
+
+class RabbitMQConsumer(Consumer):
+    """Consume RabbitMQ queues with manual ack, delayed retry queues and a DLQ.
+
+    Args:
+        url: AMQP URL, e.g. ``amqp://guest:guest@127.0.0.1:5672/``.
+        max_deliveries: the runtime's bound on handler faults; with ``crash_limit`` it sets the
+            broker's ``x-delivery-limit`` loop guard (:func:`broker_delivery_limit`).
+        retry_delays: retry delay tiers in seconds (>= 0); one retry queue per distinct
+            non-zero millisecond value. A zero delay (or no tiers) retries immediately.
+        queue_type: ``"quorum"`` (default; exact ``x-delivery-count``) or ``"classic"``.
+        crash_limit: the runtime's bound on crashes of one message (see ``max_deliveries``).
+        reconnect_timeout: seconds. Bounds the first connection made by :meth:`subscribe`
+            (``ConnectionError`` after it) and each recovery attempt (module docstring).
+        handler_timeout: the runtime's handler timeout in seconds, only checked against
+            ``consumer_timeout`` (WARNING when not below it).
+        consumer_timeout: the broker's ``consumer_timeout`` in seconds (RabbitMQ default 1800):
+            a delivery unacked for longer closes the channel.
+        settle_timeout: seconds; the bound on each settlement (and on cancelling a consumer).
+        max_message_size: bytes; retry, release and dead-letter copies larger than this are not
+            sent (RabbitMQ 3.10 default 128 MiB).
+
+    Raises:
+        ValueError: on invalid arguments.
+
+    Attributes:
+        reconnects: how many times the connection (with every subscription) was re-created.
+        resubscribes: how many times a single subscription was re-created on a live connection.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_deliveries: int,
+        retry_delays: Sequence[float],
+        queue_type: str = "quorum",
+        crash_limit: int = 3,
+        reconnect_timeout: float = 30.0,
+        handler_timeout: float | None = None,
+        consumer_timeout: float = 1800.0,
+        settle_timeout: float = 10.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        if max_deliveries < 1 or crash_limit < 1:
+            raise ValueError("max_deliveries and crash_limit must be >= 1")
+        if any(d < 0 for d in retry_delays):
+            raise ValueError("retry_delays must be >= 0 seconds")
+        if reconnect_timeout <= 0 or settle_timeout <= 0:
+            raise ValueError("reconnect_timeout and settle_timeout must be > 0 seconds")
+        if handler_timeout is not None and handler_timeout >= consumer_timeout:
+            logger.warning(
+                "handler_timeout=%ss is not below RabbitMQ's consumer_timeout=%ss: the broker "
+                "closes the channel under a slow handler and redelivers its messages",
+                handler_timeout, consumer_timeout,
+            )
+        self._url = url
+        self._retry_delays = tuple(retry_delays)
+        self._declarer = QueueDeclarer(
+            queue_type=queue_type,
+            delivery_limit=broker_delivery_limit(max_deliveries, crash_limit),
+            max_deliveries=max_deliveries,
+        )
+        self._reconnect_timeout = reconnect_timeout
+        self._settle_timeout = settle_timeout
+        self._max_message_size = max_message_size
+        self._subscriptions: dict[str, Subscription] = {}
+        self._connection: AbstractConnection | None = None
+        self._generation = 0  # +1 per connection: callbacks of an older one are ignored
+        self._lost = asyncio.Event()
+        self._lock = asyncio.Lock()  # one (re)start of connection or subscription at a time
+        self._supervisor: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._reconnecting = False
+        self._paused = False
+        self._consuming = True
+        self._closed = False
+        self.reconnects = 0
+        self.resubscribes = 0
+
+    @property
+    def connected(self) -> bool:
+        """True while the connection is open and no loss is pending."""
+        return (
+            self._connection is not None
+            and not self._connection.is_closed
+            and not self._lost.is_set()
+        )
+
+    @property
+    def ready(self) -> bool:
+        """True while the connection is up and not being re-created (readiness)."""
+        return self.connected and not self._reconnecting
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # -- Consumer API ------------------------------------------------------------------------
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        """Declare ``queue``'s topology (see :mod:`adapters.rabbitmq.topology`) and start
+        consuming it with at most ``prefetch`` unacked deliveries, calling ``callback`` once per
+        delivery in its own task (not while paused).
+
+        Raises:
+            ValueError: ``queue`` is already subscribed or ``prefetch`` < 1.
+            RuntimeError: the consumer was stopped or closed.
+            ConnectionError: no connection within ``reconnect_timeout`` seconds.
+            aio_pika.exceptions.AMQPError: the broker refused a declaration or the consume.
+        """
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        if self._closed or not self._consuming:
+            raise RuntimeError("consumer is stopped")
+        subscription = Subscription(
+            self._names_for(queue), callback, prefetch,
+            declarer=self._declarer,
+            settle_timeout=self._settle_timeout,
+            max_message_size=self._max_message_size,
+            dispatch=self._dispatch,
+            wanted=self._wants_deliveries,
+            on_lost=self._on_subscription_lost,
+        )
+        async with self._lock:
+            if queue in self._subscriptions:
+                raise ValueError(f"queue {queue!r} is already subscribed")
+            connection = await self._ensure_connection()
+            await subscription.open(connection)
+            self._subscriptions[queue] = subscription
+        if self._supervisor is None:
+            self._supervisor = asyncio.create_task(
+                self._supervise(), name="consumer-kit rabbitmq supervisor"
+            )
+        logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
+
+    async def pause(self) -> None:
+        """Cancel every consumer, keeping the channels: no new deliveries until :meth:`resume`;
+        deliveries in flight still settle. Idempotent; each cancel is bounded by
+        ``settle_timeout`` seconds."""
+        if self._paused:
+            return
+        self._paused = True
+        for subscription in list(self._subscriptions.values()):
+            await subscription.sync_consumer(self._settle_timeout)
+        logger.info("paused consuming queues=%s", ",".join(self._subscriptions))
+
+    async def resume(self) -> None:
+        """Consume every subscribed queue again after :meth:`pause`. Idempotent."""
+        if not self._paused:
+            return
+        self._paused = False
+        if self._closed or not self._consuming:
+            return
+        for subscription in list(self._subscriptions.values()):
+            await subscription.sync_consumer(self._settle_timeout)
+        logger.info("resumed consuming queues=%s", ",".join(self._subscriptions))
+
+    async def stop_consuming(self) -> None:
+        """Cancel every consumer (no new deliveries) and stop recovering. Deliveries already
+        handed out can still be settled while the connection lasts."""
+        self._consuming = False
+        await self._stop_supervisor()
+        await self._stop_recoveries()
+        for subscription in list(self._subscriptions.values()):
+            await subscription.sync_consumer(self._settle_timeout)
+
+    async def close(self) -> None:
+        """Stop consuming and close the connection. Unsettled deliveries go back to the broker;
+        callback tasks still running are cancelled."""
+        if not self._closed:
+            await self.stop_consuming()
+            self._closed = True
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.wait(list(self._handlers), timeout=self._settle_timeout)
+        await self._drop_connection()
+
+    def _wants_deliveries(self) -> bool:
+        return self._consuming and not self._paused and not self._closed
+
+    def _names_for(self, queue: str) -> QueueNames:
+        return QueueNames.for_queue(queue, self._retry_delays)
+
+    # -- deliveries --------------------------------------------------------------------------
+
+    def _dispatch(self, subscription: Subscription, delivery: RabbitMQDelivery) -> None:
+        # Our own task, not the channel's: a lost channel must not cancel a running handler
+        # (its settlement then fails and the message comes back from the broker).
+        task = asyncio.create_task(self._handle(subscription, delivery))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, subscription: Subscription, delivery: RabbitMQDelivery) -> None:
+        if not self._wants_deliveries():
+            # It was on the wire when the consumer was cancelled: give it back uncounted.
+            await delivery.release()
+            return
+        try:
+            await subscription.callback(delivery)
+        except Exception:
+            logger.exception(
+                "callback failed (queue=%s message_id=%s); releasing the delivery",
+                delivery.queue, delivery.message_id,
+            )
+            if delivery.settlement is None:
+                await delivery.release()
+
+    # -- one subscription lost ---------------------------------------------------------------
+
+    def _on_subscription_lost(self, subscription: Subscription, what: str) -> None:
+        if self._closed or not self._consuming or not self.connected:
+            return  # shutting down, or the whole connection is being re-created
+        if subscription.recovery is not None and not subscription.recovery.done():
+            return
+        logger.warning("queue=%s: %s; re-creating this subscription", subscription.queue, what)
+        subscription.recovery = asyncio.create_task(
+            self._recover(subscription, self._generation),
+            name=f"consumer-kit rabbitmq recover {subscription.queue}",
+        )
+
+    async def _recover(self, subscription: Subscription, generation: int) -> None:
+        """Re-create ``subscription`` on the current connection, backing off, until it works or
+        the connection is lost (then the supervisor re-creates everything)."""
+
+        def connection_replaced(_: RetryCallState) -> bool:
+            return generation != self._generation or self._closed or not self._consuming
+
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+            stop=connection_replaced,
+            before_sleep=self._log_recover_retry(subscription),
+            retry_error_callback=lambda _state: None,  # gave up: the supervisor takes over
+        ):
+            with attempt:
+                async with self._lock:
+                    if connection_replaced(attempt.retry_state) or not self.connected:
+                        return
+                    assert self._connection is not None
+                    async with asyncio.timeout(self._reconnect_timeout):
+                        await subscription.open(self._connection)
+                    self.resubscribes += 1
+                    logger.info("queue=%s: subscription re-created", subscription.queue)
+
+    def _log_recover_retry(self, subscription: Subscription) -> Any:
+        def log(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            logger.warning(
+                "queue=%s: re-creating the subscription failed (%s); next in %.1fs",
+                subscription.queue, describe(exc),
+                state.next_action.sleep if state.next_action else 0.0,
+            )
+
+        return log
+
+    async def _stop_recoveries(self) -> None:
+        tasks = [s.recovery for s in self._subscriptions.values() if s.recovery is not None]
+        for subscription in self._subscriptions.values():
+            subscription.recovery = None
+        for task in tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the connection ----------------------------------------------------------------------
+
+    async def _ensure_connection(self) -> AbstractConnection:
+        if self._connection is not None and not self._connection.is_closed:
+            return self._connection
+        try:
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+                stop=stop_after_delay(self._reconnect_timeout),
+                # Wrong credentials or vhost will not fix themselves: fail at once.
+                retry=retry_if_not_exception_type(REFUSED),
+                before_sleep=self._log_connect_retry,
+                reraise=True,
+            ):
+                with attempt:
+                    await self._connect()
+        except Exception as exc:
+            raise ConnectionError(
+                f"cannot connect to RabbitMQ at {redact_url(self._url)}: {describe(exc)}"
+            ) from exc
+        assert self._connection is not None
+        return self._connection
+
+    def _log_connect_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        logger.warning(
+            "cannot connect to RabbitMQ at %s (%s); retry %s in %.1f s",
+            redact_url(self._url), describe(exc), state.attempt_number,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
+
+    async def _connect(self) -> None:
+        await self._drop_connection()
+        connection = await open_connection(
+            self._url, timeout=self._reconnect_timeout, name="consumer-kit consumer"
+        )
+        self._generation += 1
+        self._lost.clear()
+        connection.close_callbacks.add(self._on_connection_lost(self._generation))
+        self._connection = connection
+
+    async def _drop_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        self._generation += 1  # callbacks of the old connection no longer count
+        for subscription in self._subscriptions.values():
+            subscription.forget()
+        await close_quietly(connection, self._settle_timeout, "consumer")
+
+    def _on_connection_lost(self, generation: int) -> Any:
+        def callback(*_: Any) -> None:
+            if generation != self._generation or self._closed or not self._consuming:
+                return
+            if not self._lost.is_set():
+                logger.warning("RabbitMQ connection lost; every subscription will be re-created")
+            self._lost.set()
+
+        return callback
+
+    async def _supervise(self) -> None:
+        """Wait for a connection loss, then reconnect and re-create every subscription."""
+        while self._consuming and not self._closed:
+            await self._lost.wait()
+            if not self._consuming or self._closed:
+                return
+            self._reconnecting = True
+            try:
+                await self._stop_recoveries()
+                async with self._lock:
+                    await self._reconnect_all()
+            finally:
+                self._reconnecting = False
+            self.reconnects += 1
+            logger.info(
+                "reconnected to RabbitMQ; subscriptions re-created for queues=%s",
+                ",".join(self._subscriptions),
+            )
+
+    async def _reconnect_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        lost_at = loop.time()
+        alerted = False
+
+        def before_sleep(state: RetryCallState) -> None:
+            nonlocal alerted
+            exc = state.outcome.exception() if state.outcome is not None else None
+            down = loop.time() - lost_at
+            if down > self._reconnect_timeout and not alerted:
+                alerted = True
+                logger.error(
+                    "RabbitMQ unreachable for %.1fs (%s); still retrying", down, describe(exc)
+                )
+            else:
+                logger.warning(
+                    "reconnect attempt %s failed (%s); next in %.1fs",
+                    state.attempt_number, describe(exc),
+                    state.next_action.sleep if state.next_action else 0.0,
+                )
+
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+            retry=retry_if_exception_type(Exception),
+            before_sleep=before_sleep,
+        ):
+            with attempt:
+                async with asyncio.timeout(self._reconnect_timeout):
+                    await self._open_all()
+
+    async def _open_all(self) -> None:
+        await self._connect()
+        assert self._connection is not None
+        for subscription in self._subscriptions.values():
+            await subscription.open(self._connection)
+
+    async def _stop_supervisor(self) -> None:
+        task, self._supervisor = self._supervisor, None
+        if task is None or task is asyncio.current_task():
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,239 @@
+"""Publishing outbox events (the relay's side) with publisher confirms, one message never hurting
+the others.
+
+Three channels on one connection, each for one job:
+
+* the **publishing channel** carries every publish (confirms, ``mandatory``), many in flight;
+* each **declaration** runs on a short-lived channel of its own
+  (:func:`~adapters.rabbitmq.topology.declare_topic_exchange`): a destination that exists as
+  another exchange type (406) or is refused (403) closes only that channel, and the row is
+  refused at once with the broker's reply text;
+* an **isolated publish** (a short-lived channel of its own) for a destination whose publish
+  closed the publishing channel: a channel-closing refusal cannot be pinned on one of the
+  messages in flight, so they all fail as transient and their destinations are published alone
+  next time, where a refusal is this message's own (permanent) and a success clears the suspicion.
+
+Before any of that, the message's encoded properties and headers are checked against the
+connection's negotiated ``frame_max`` and its body against ``max_message_size``
+(:mod:`adapters.rabbitmq.limits`): too large is permanent, and never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aio_pika
+import aiormq.abc
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from pamqp.commands import Basic
+
+from adapters.rabbitmq.connection import close_quietly, open_connection
+from adapters.rabbitmq.errors import describe, is_refusal, publish_error
+from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
+from adapters.rabbitmq.topology import declare_topic_exchange
+from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+
+logger = logging.getLogger(__name__)
+
+
+class RabbitMQPublisher(Publisher):
+    """Publish :class:`~consumer_kit.broker.OutgoingMessage` with publisher confirms.
+
+    ``message.destination`` names a durable topic exchange (declared on first use, then cached
+    per connection) and ``message.routing_key`` its routing key; destination ``""`` is the
+    default exchange, so the routing key is a queue name (commands, tests). Messages are
+    persistent, with ``message_id``, ``content_type``, ``type = message_type`` and the headers
+    plus ``message-type``. ``partition_key`` is not used on RabbitMQ.
+
+    Unroutable messages (mandatory publish returned by the broker): on a topic exchange this is
+    a normal pub/sub state (no subscriber bound yet), logged at DEBUG and treated as published;
+    on the default exchange it means the queue does not exist (a row error).
+
+    The connection is opened on first publish and re-opened on the next publish after a loss or
+    a confirm timeout.
+
+    Args:
+        url: AMQP URL.
+        confirm_timeout: seconds to wait for connecting, declaring and the broker's confirm.
+        max_message_size: bytes; a larger body is refused before sending (the broker's
+            ``max_message_size``, RabbitMQ 3.10 default 128 MiB).
+
+    Raises:
+        ValueError: on invalid arguments.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        confirm_timeout: float = 10.0,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        if confirm_timeout <= 0:
+            raise ValueError("confirm_timeout must be > 0 seconds")
+        if max_message_size < 1:
+            raise ValueError("max_message_size must be >= 1 byte")
+        self._url = url
+        self._confirm_timeout = confirm_timeout
+        self._max_message_size = max_message_size
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchanges: set[str] = set()  # declared on the current connection
+        self._suspects: set[str] = set()  # destinations to publish alone (module docstring)
+        self._lock = asyncio.Lock()
+        self._alone = asyncio.Lock()  # one isolated publish at a time: few channels, clear blame
+
+    async def publish(self, message: OutgoingMessage) -> None:
+        """Publish ``message`` and wait for the broker's confirm.
+
+        Raises:
+            PublishError: permanent: too large for the frame or the message size limit, or
+                refused by the broker as addressed (reply text included); row: no queue of that
+                name on the default exchange; transient: nack, confirm timeout, connection loss.
+                Publishing again with the same ``message_id`` is safe for consumers that
+                deduplicate.
+        """
+        properties = _properties(message)
+        connection: AbstractConnection | None = None
+        try:
+            # one deadline for every step, without wait_for's extra task per publish
+            async with asyncio.timeout(self._confirm_timeout):
+                connection, channel = await self._ready()
+                check_fits(
+                    properties, len(message.body),
+                    frame_max=frame_max_of(await channel.get_underlay_channel()),
+                    max_message_size=self._max_message_size,
+                )
+                if message.destination in self._suspects:
+                    result = await self._publish_alone(connection, message, properties)
+                else:
+                    await self._declare(connection, message)
+                    result = await self._publish_shared(channel, message, properties)
+        except PublishError:
+            raise
+        except Unsendable as exc:
+            raise PublishError(
+                f"message_id={message.message_id} to {message.destination!r} cannot be "
+                f"published: {exc}",
+                permanent=True,
+            ) from exc
+        except Exception as exc:
+            if isinstance(exc, TimeoutError):  # the broker stopped answering: start afresh
+                await self._reset(connection)
+            raise publish_error(exc, message.message_id, message.destination, alone=False) from exc
+        self._check_returned(message, result)
+
+    async def close(self) -> None:
+        """Close the connection (idempotent)."""
+        await self._reset(self._connection)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def _ready(self) -> tuple[AbstractConnection, AbstractChannel]:
+        """The connection and the publishing channel, (re)opened as needed."""
+        async with self._lock:
+            if self._connection is None or self._connection.is_closed:
+                await self._reset(self._connection)
+                self._connection = await open_connection(
+                    self._url, timeout=self._confirm_timeout, name="consumer-kit publisher"
+                )
+            if self._channel is None or self._channel.is_closed:
+                self._channel = await self._connection.channel(
+                    publisher_confirms=True, on_return_raises=False
+                )
+            return self._connection, self._channel
+
+    async def _declare(self, connection: AbstractConnection, message: OutgoingMessage) -> None:
+        name = message.destination
+        if name == "" or name in self._exchanges:
+            return
+        try:
+            await declare_topic_exchange(connection, name, self._confirm_timeout)
+        except Exception as exc:
+            raise publish_error(exc, message.message_id, name, alone=True) from exc
+        self._exchanges.add(name)
+
+    async def _publish_shared(
+        self, channel: AbstractChannel, message: OutgoingMessage, properties: Basic.Properties
+    ) -> object:
+        underlay = await channel.get_underlay_channel()
+        try:
+            return await underlay.basic_publish(
+                message.body, exchange=message.destination, routing_key=message.routing_key,
+                properties=properties, mandatory=True,
+            )
+        except Exception as exc:
+            if is_refusal(exc):  # some message in flight closed the channel: maybe this one
+                self._suspects.add(message.destination)
+                logger.warning(
+                    "publishing channel closed by the broker (%s); destination %s is published "
+                    "alone from now on (message_id=%s)",
+                    describe(exc), message.destination, message.message_id,
+                )
+            raise
+
+    async def _publish_alone(
+        self, connection: AbstractConnection, message: OutgoingMessage, properties: Basic.Properties
+    ) -> object:
+        async with self._alone:
+            return await self._publish_on_own_channel(connection, message, properties)
+
+    async def _publish_on_own_channel(
+        self, connection: AbstractConnection, message: OutgoingMessage, properties: Basic.Properties
+    ) -> object:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=False)
+        try:
+            if message.destination:
+                await declare_topic_exchange(connection, message.destination, self._confirm_timeout)
+            underlay = await channel.get_underlay_channel()
+            result = await underlay.basic_publish(
+                message.body, exchange=message.destination, routing_key=message.routing_key,
+                properties=properties, mandatory=True,
+            )
+        except Exception as exc:
+            raise publish_error(exc, message.message_id, message.destination, alone=True) from exc
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+        self._suspects.discard(message.destination)
+        self._exchanges.add(message.destination)
+        return result
+
+    def _check_returned(self, message: OutgoingMessage, result: object) -> None:
+        if isinstance(result, aiormq.abc.DeliveredMessage):  # returned: nothing bound
+            if message.destination == "":
+                raise PublishError(
+                    f"no queue {message.routing_key!r} for message_id={message.message_id}",
+                    transient=False,
+                )
+            logger.debug(
+                "no binding on exchange %s for routing key %s; message_id=%s published unrouted",
+                message.destination, message.routing_key, message.message_id,
+            )
+            return
+        logger.debug(
+            "published message_id=%s to exchange=%s routing_key=%s",
+            message.message_id, message.destination, message.routing_key,
+        )
+
+    async def _reset(self, connection: AbstractConnection | None) -> None:
+        """Forget ``connection`` (when it is still the current one) and close it."""
+        if connection is None or connection is not self._connection:
+            await close_quietly(connection, self._confirm_timeout, "publisher")
+            return
+        self._connection, self._channel = None, None
+        self._exchanges.clear()
+        await close_quietly(connection, self._confirm_timeout, "publisher")
+
+
+def _properties(message: OutgoingMessage) -> Basic.Properties:
+    return aio_pika.Message(
+        body=b"",
+        headers={**message.headers, MESSAGE_TYPE_HEADER: message.message_type},
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message.message_id,
+        type=message.message_type,
+    ).properties

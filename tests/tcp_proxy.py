@@ -1,0 +1,124 @@
+"""A small asyncio TCP proxy for fault tests: a server that stops answering, a network cut, a
+service that refuses connections.
+
+It forwards ``127.0.0.1:<port>`` to any ``target_host:target_port`` (RabbitMQ, PostgreSQL, ...)::
+
+    proxy = TcpProxy("127.0.0.1", 5672)
+    port = await proxy.start()     # clients connect to 127.0.0.1:<port>
+    proxy.pause()                  # bytes stop flowing both ways; connections stay open
+    proxy.resume()                 # held bytes flow again, in order
+    await proxy.drop()             # cut every proxied connection (new ones are still accepted)
+    await proxy.close()            # stop listening and cut everything (connections are refused)
+    await proxy.start()            # listen again on the same port
+
+Nothing is lost or reordered by ``pause``: each direction stops reading from its source, so the
+sender's kernel buffers fill up as they would in front of a server that stopped reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+_CHUNK = 65536
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:port`` to ``(target_host, target_port)``.
+
+    Attributes:
+        port: the listening port (fixed after the first :meth:`start`; 0 before).
+        accepted: connections accepted so far (a reconnect shows as one more).
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.accepted = 0
+        self._server: asyncio.Server | None = None
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._pipes: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def connections(self) -> int:
+        """Proxied connections open right now."""
+        return len(self._pipes)
+
+    async def start(self) -> int:
+        """Listen (again) and return the port. Idempotent."""
+        if self._server is None:
+            if self.port == 0:
+                self.port = _free_port()
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        return self.port
+
+    def pause(self) -> None:
+        """Stop forwarding in both directions; connections stay open, bytes are held."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Forward again, the held bytes first."""
+        self._flowing.set()
+
+    async def drop(self) -> None:
+        """Cut every proxied connection at once (both sides see the connection reset); keep
+        listening."""
+        for writer in list(self._writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+        self._writers.clear()
+        pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop listening (new connections are refused) and cut every proxied connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        await self.drop()
+        self._flowing.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+        pipe = asyncio.current_task()
+        assert pipe is not None
+        self._pipes.add(pipe)
+        try:
+            await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+        finally:
+            self._pipes.discard(pipe)
+            for w in (writer, up_writer):
+                self._writers.discard(w)
+                w.transport.abort()
+
+    async def _copy(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await self._flowing.wait()  # paused: stop reading, so the sender's buffers fill
+                data = await source.read(_CHUNK)
+                if not data:
+                    break
+                await self._flowing.wait()  # paused after the read: hold these bytes
+                sink.write(data)
+                await sink.drain()
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            sink.transport.abort()  # one side ended: end the other too
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
