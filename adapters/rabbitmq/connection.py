@@ -25,6 +25,12 @@ async def open_connection(url: str, *, timeout: float, name: str) -> AbstractCon
     )
 
 
+def is_open(connection: AbstractConnection | None) -> bool:
+    """True while ``connection`` is usable. aio-pika's ``is_closed`` only turns True when the
+    client closes it; a connection the broker or the network closed shows in ``connected``."""
+    return connection is not None and not connection.is_closed and connection.connected.is_set()
+
+
 async def close_quietly(connection: AbstractConnection | None, timeout: float, whose: str) -> None:
     """Close ``connection`` within ``timeout`` seconds, ignoring errors: it is going away either way."""
     if connection is None or connection.is_closed:

@@ -32,7 +32,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from adapters.rabbitmq.connection import close_quietly, open_connection
+from adapters.rabbitmq.connection import close_quietly, is_open, open_connection
 from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.errors import REFUSED, describe
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
@@ -129,11 +129,7 @@ class RabbitMQConsumer(Consumer):
     @property
     def connected(self) -> bool:
         """True while the connection is open and no loss is pending."""
-        return (
-            self._connection is not None
-            and not self._connection.is_closed
-            and not self._lost.is_set()
-        )
+        return is_open(self._connection) and not self._lost.is_set()
 
     @property
     def ready(self) -> bool:
@@ -314,7 +310,7 @@ class RabbitMQConsumer(Consumer):
     # -- the connection ----------------------------------------------------------------------
 
     async def _ensure_connection(self) -> AbstractConnection:
-        if self._connection is not None and not self._connection.is_closed:
+        if self._connection is not None and is_open(self._connection):
             return self._connection
         try:
             async for attempt in AsyncRetrying(

@@ -28,7 +28,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
-from adapters.rabbitmq.connection import close_quietly, open_connection
+from adapters.rabbitmq.connection import close_quietly, is_open, open_connection
 from adapters.rabbitmq.errors import describe, is_refusal, publish_error
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
 from adapters.rabbitmq.topology import declare_topic_exchange
@@ -95,7 +95,7 @@ class RabbitMQPublisher(Publisher):
                 Publishing again with the same ``message_id`` is safe for consumers that
                 deduplicate.
         """
-        properties = _properties(message)
+        properties = properties_of(message)
         connection: AbstractConnection | None = None
         try:
             # one deadline for every step, without wait_for's extra task per publish
@@ -134,11 +134,12 @@ class RabbitMQPublisher(Publisher):
     async def _ready(self) -> tuple[AbstractConnection, AbstractChannel]:
         """The connection and the publishing channel, (re)opened as needed."""
         async with self._lock:
-            if self._connection is None or self._connection.is_closed:
+            if not is_open(self._connection):
                 await self._reset(self._connection)
                 self._connection = await open_connection(
                     self._url, timeout=self._confirm_timeout, name="consumer-kit publisher"
                 )
+            assert self._connection is not None
             if self._channel is None or self._channel.is_closed:
                 self._channel = await self._connection.channel(
                     publisher_confirms=True, on_return_raises=False
@@ -228,7 +229,9 @@ class RabbitMQPublisher(Publisher):
         await close_quietly(connection, self._confirm_timeout, "publisher")
 
 
-def _properties(message: OutgoingMessage) -> Basic.Properties:
+def properties_of(message: OutgoingMessage) -> Basic.Properties:
+    """The AMQP properties the publisher sends ``message`` with (persistent; ``message_id``,
+    ``type`` and header ``message-type``; ``content_type``)."""
     return aio_pika.Message(
         body=b"",
         headers={**message.headers, MESSAGE_TYPE_HEADER: message.message_type},
