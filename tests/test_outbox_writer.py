@@ -34,6 +34,29 @@ async def test_events_commit_and_roll_back_with_the_callers_transaction(database
                 await writer.add(conn, destination="", routing_key="", message_type="E", payload={})
 
 
+async def test_writer_refuses_headers_over_the_documented_limit(database_url: str) -> None:
+    """Headers the relay could not fit in one broker frame are refused where they are written
+    (MAX_EVENT_HEADERS_BYTES of compact JSON), naming the limit and the size; nothing is written."""
+    from consumer_kit.outbox import MAX_EVENT_HEADERS_BYTES
+
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        writer = OutboxWriter(schema)
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            # {"h":"x...x"} is 8 bytes of JSON around the value
+            at_limit = {"h": "x" * (MAX_EVENT_HEADERS_BYTES - 8)}
+            kept = await writer.add(conn, destination="d", routing_key="", message_type="E",
+                                    payload={}, headers=at_limit)
+            over = {"h": "é" * ((MAX_EVENT_HEADERS_BYTES - 8) // 2 + 1)}  # 2 bytes each in UTF-8
+            with pytest.raises(ValueError) as refused:
+                await writer.add(conn, destination="d", routing_key="", message_type="E",
+                                 payload={}, headers=over)
+            assert f"limit is {MAX_EVENT_HEADERS_BYTES} bytes" in str(refused.value)
+            assert f"headers are {MAX_EVENT_HEADERS_BYTES + 2} bytes" in str(refused.value)
+            cur = await conn.execute(sql.SQL("SELECT event_id FROM {}").format(
+                sql.Identifier(schema, "outbox")))
+            assert await cur.fetchall() == [(kept,)]
+
+
 async def test_outbox_notify_can_be_switched_off_per_session(database_url: str) -> None:
     """Sessions opened with ``-c consumer_kit.outbox_notify=off`` (CONSUMER_KIT_OUTBOX_NOTIFY=false)
     write outbox rows without NOTIFY. Notifications arrive in commit order, so if the first one

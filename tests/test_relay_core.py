@@ -161,6 +161,52 @@ async def test_failing_row_backs_off_blocks_only_its_key_then_parks_and_requeues
         await asyncio.wait_for(task, 10)
 
 
+class RefusingFor(Publisher):
+    """Refuses, permanently, every publish to a destination in ``refused``; passes the rest on."""
+
+    def __init__(self, inner: Publisher, refused: set[str]) -> None:
+        self.inner = inner
+        self.refused = refused
+        self.attempts = 0
+
+    async def publish(self, message: OutgoingMessage) -> None:
+        if message.destination in self.refused:
+            self.attempts += 1
+            raise PublishError(
+                f"broker refused message_id={message.message_id}: PRECONDITION_FAILED - "
+                "inequivalent arg 'type'", permanent=True,
+            )
+        await self.inner.publish(message)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_permanent_publish_error_parks_the_row_at_once_with_the_reply(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with throwaway_schema(database_url) as schema:
+        table = f'"{schema}".outbox'
+        async with await connect(database_url) as conn:
+            bad, good = await write_events(conn, schema, [
+                Event("wrong", payload={"card": "secret-4111"}), Event("right"),
+            ])
+        broker = MemoryBroker()
+        publisher = RefusingFor(MemoryPublisher(broker), {"wrong"})
+        settings = relay_settings(database_url, schema, MEMORY, relay_max_attempts=5,
+                                  relay_backoff_base=0.05, relay_backoff_max=0.1)
+        relay = Relay(settings, publisher=publisher)
+        with caplog.at_level("INFO", logger="outbox_relay"):
+            await relay.run(once=True)
+        assert published_ids(broker) == [str(good)]
+        assert publisher.attempts == 1  # parked at once: never tried again
+        (attempts, last_error), = await rows(
+            database_url, f"SELECT attempts, last_error FROM {table} WHERE event_id = %s", bad)
+        assert attempts == 5 and "PRECONDITION_FAILED" in last_error
+        assert (relay.counters["parked_permanent"], relay.counters["parked"]) == (1, 1)
+        assert f"event_id={bad}" in caplog.text and "secret-4111" not in caplog.text
+
+
 async def broker_has(broker: MemoryBroker, ids: set[str], timeout: float = 10) -> None:
     async def seen() -> bool:
         return ids <= set(published_ids(broker))

@@ -1,7 +1,7 @@
 """The relay end to end: real PostgreSQL, real RabbitMQ (issue 3's test list, issue 2's relay part).
 
-RabbitMQ is never stopped: "broker down" is a TCP proxy in front of it that refuses connections
-and cuts the open ones. Relay processes are real (``python -m outbox_relay.cli``) where a test kills
+RabbitMQ is never stopped: "broker down" is a TCP proxy in front of it (``tests.tcp_proxy``) that
+refuses connections and cuts the open ones. Relay processes are real (``python -m outbox_relay.cli``) where a test kills
 or signals them.
 """
 
@@ -18,18 +18,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
+import aio_pika
 import pytest
 from psycopg import sql
 
 from adapters.memory import MemoryBroker, MemoryConsumer
-from consumer_kit import App
+from adapters.rabbitmq import RabbitMQPublisher
+from consumer_kit import App, OutgoingMessage
 from consumer_kit.brokers import open_publisher
 from examples.invoices.app import CreateInvoiceHandler
 from outbox_relay import Relay, relay_pending
 from tests.harness import runtime_for, throwaway_schema
+from tests.tcp_proxy import TcpProxy
 from tests.test_relay_support import (
     Event,
-    Proxy,
     Recorder,
     connect,
     relay_settings,
@@ -144,8 +146,8 @@ async def test_broker_down_then_back_loses_nothing_and_backoff_shows(
     database_url: str, rabbitmq_url: str, unique_name: str
 ) -> None:
     parsed = urlparse(rabbitmq_url)
-    proxy = Proxy(parsed.hostname or "127.0.0.1", parsed.port or 5672)
-    await proxy.up()
+    proxy = TcpProxy(parsed.hostname or "127.0.0.1", parsed.port or 5672)
+    await proxy.start()
     async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
         table = sql.Identifier(schema, "outbox").as_string(None)
         settings = relay_settings(
@@ -160,7 +162,7 @@ async def test_broker_down_then_back_loses_nothing_and_backoff_shows(
                 before = await write_events(conn, schema, [Event(unique_name) for _ in range(20)])
             await rec.wait_for(before, 20)
 
-            await proxy.down()
+            await proxy.close()
             async with await connect(database_url) as conn:
                 during = await write_events(conn, schema, [Event(unique_name) for _ in range(50)])
 
@@ -175,12 +177,12 @@ async def test_broker_down_then_back_loses_nothing_and_backoff_shows(
             assert len(errors) == 50 and all("PublishError" in e for e, _ in errors)
             assert relay.counters["publish_failed"] >= 100
 
-            await proxy.up()
+            await proxy.start()
             await rec.wait_for(during, 30)
         finally:
             relay.request_stop()
             await asyncio.wait_for(task, 15)
-            await proxy.down()
+            await proxy.close()
         assert await rows(database_url, f"SELECT count(*) FROM {table} "
                           "WHERE published_at IS NULL") == [(0,)]
         assert await rows(database_url, f"SELECT count(*) FROM {table} "
@@ -408,3 +410,86 @@ async def test_sigterm_finishes_the_in_flight_batch_and_exits_zero(
         await rec.wait_for(published, 10)  # every row marked published reached the broker
         # It stopped early, and only after whole batches: the one in flight was finished.
         assert 0 < len(published) < 3000 and len(published) % 500 == 0
+
+
+async def _publish_sentinel(rabbitmq_url: str, exchange: str, rec: Recorder) -> None:
+    """Publish a marker after the relay finished and wait for it: every copy the relay had
+    confirmed was routed before it, so the recorder has seen them all once the marker arrives."""
+    publisher = RabbitMQPublisher(rabbitmq_url)
+    sentinel = str(uuid.uuid4())
+    try:
+        await publisher.publish(OutgoingMessage(exchange, "sentinel", sentinel, b"{}", "Sentinel"))
+    finally:
+        await publisher.close()
+    await rec.wait_for([sentinel], 10)
+
+
+async def test_an_event_too_large_for_the_frame_is_parked_at_once_and_the_batch_publishes_once(
+    database_url: str, rabbitmq_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 8 item 4: a row whose headers exceed the broker's frame_max (written with SQL: the
+    writer refuses such headers) would close the relay's whole connection. It is parked at once
+    with the limit and the size; the connection stays up (one connection through the proxy) and
+    every other row of the same batch is published exactly once."""
+    parsed = urlparse(rabbitmq_url)
+    proxy = TcpProxy(parsed.hostname or "127.0.0.1", parsed.port or 5672)
+    await proxy.start()
+    async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
+        table = sql.Identifier(schema, "outbox").as_string(None)
+        healthy = [Event(unique_name, payload={"n": n}) for n in range(10)]
+        blob = "blob-" + "x" * 200_000
+        big = Event(unique_name, headers={"x-blob": blob})
+        async with await connect(database_url) as conn:
+            await write_events(conn, schema, [*healthy[:5], big, *healthy[5:]])
+        settings = relay_settings(database_url, schema, via(rabbitmq_url, proxy.port))
+        relay = Relay(settings)
+        try:
+            with caplog.at_level("INFO"):
+                await relay.run(once=True)
+        finally:
+            await proxy.close()
+        assert proxy.accepted == 1
+        assert (relay.counters["published"], relay.counters["parked_permanent"]) == (10, 1)
+        ((attempts, last_error),) = await rows(
+            database_url, f"SELECT attempts, last_error FROM {table} WHERE event_id = %s", big.event_id)
+        assert attempts >= settings.relay_max_attempts  # parked, after a single try
+        assert relay.counters["publish_failed"] == 1
+        assert "frame_max is 131072 bytes" in last_error and "-byte frame" in last_error
+        assert str(big.event_id) in caplog.text and "blob-" not in caplog.text
+        await _publish_sentinel(rabbitmq_url, unique_name, rec)
+        arrivals = Counter(r.message_id for r in rec.received if r.body != {})
+        assert arrivals == Counter({str(e.event_id): 1 for e in healthy})
+
+
+async def test_a_destination_of_another_exchange_type_is_parked_and_healthy_events_publish_once(
+    database_url: str, rabbitmq_url: str, unique_name: str
+) -> None:
+    """Issue 8 item 5: the destination exists as a direct exchange. Its declaration, on a channel of
+    its own, is refused (406), so only that channel closes: the row is parked at once with the
+    broker's reply text, and each of the 30 healthy events in the same batch reaches the tap queue
+    exactly once."""
+    wrong = f"{unique_name}.direct"
+    async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
+        connection = await aio_pika.connect(rabbitmq_url)
+        try:
+            channel = await connection.channel()
+            await channel.declare_exchange(wrong, aio_pika.ExchangeType.DIRECT, durable=True)
+        finally:
+            await connection.close()
+        table = sql.Identifier(schema, "outbox").as_string(None)
+        healthy = [Event(unique_name, payload={"n": n}) for n in range(30)]
+        bad = Event(wrong)
+        async with await connect(database_url) as conn:
+            await write_events(conn, schema, [*healthy[:15], bad, *healthy[15:]])
+        settings = relay_settings(database_url, schema, rabbitmq_url, relay_batch_size=100)
+        relay = Relay(settings)
+        await relay.run(once=True)
+        assert (relay.counters["published"], relay.counters["parked_permanent"]) == (30, 1)
+        ((attempts, last_error),) = await rows(
+            database_url, f"SELECT attempts, last_error FROM {table} WHERE event_id = %s", bad.event_id)
+        assert attempts >= settings.relay_max_attempts
+        assert "PRECONDITION_FAILED" in last_error
+        assert "inequivalent arg 'type'" in last_error and "'direct'" in last_error
+        await _publish_sentinel(rabbitmq_url, unique_name, rec)
+        arrivals = Counter(r.message_id for r in rec.received if r.body != {})
+        assert arrivals == Counter({str(e.event_id): 1 for e in healthy})

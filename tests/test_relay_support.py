@@ -1,5 +1,5 @@
 """Helpers shared by the relay tests (no tests here): outbox writes, a RabbitMQ recorder, relay
-processes, a TCP proxy that plays "broker down", and bounded waits."""
+processes and bounded waits ("broker down" is ``tests.tcp_proxy.TcpProxy``)."""
 
 from __future__ import annotations
 
@@ -207,59 +207,6 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
     if proc.returncode is None:
         proc.kill()
     await proc.wait()
-
-
-# -- a TCP proxy that can play "broker down" -----------------------------------------------------
-
-
-class Proxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target``; :meth:`down` closes every connection and stops
-    listening (connections are refused, like a stopped broker), :meth:`up` listens again."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self.port = _free_port()
-        self._server: asyncio.base_events.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-
-    async def up(self) -> None:
-        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port)
-
-    async def down(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for writer in list(self._writers):
-            writer.close()
-        self._writers.clear()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self._writers.update((writer, up_writer))
-
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (OSError, asyncio.CancelledError):
-                pass
-            finally:
-                dst.close()
-
-        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @asynccontextmanager
