@@ -1,16 +1,44 @@
-"""Opening and closing AMQP connections and channels, for the consumer and the publisher alike."""
+"""Opening and closing AMQP connections and channels, and the backoff between reconnects."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
+from tenacity import RetryCallState, wait_exponential
+
+from adapters.rabbitmq.errors import describe
 
 logger = logging.getLogger(__name__)
 
 _closing: set[asyncio.Task[None]] = set()  # channel closes still waiting for the broker's reply
+
+# Pause between recovery attempts: 0.1 s, 0.2 s, 0.4 s, ... at most 5 s.
+BACKOFF = wait_exponential(multiplier=0.1, max=5.0)
+
+
+def log_retries(what: str, *, alert_after: float | None = None) -> Callable[[RetryCallState], None]:
+    """A tenacity ``before_sleep``: one WARNING per failed attempt at ``what``, and one ERROR once
+    it has failed for longer than ``alert_after`` seconds (an outage someone should look at)."""
+    alerted = False
+
+    def log(state: RetryCallState) -> None:
+        nonlocal alerted
+        exc = state.outcome.exception() if state.outcome is not None else None
+        failing = state.seconds_since_start or 0.0
+        if alert_after is not None and failing > alert_after and not alerted:
+            alerted = True
+            logger.error("%s: failing for %.1fs (%s); still retrying", what, failing, describe(exc))
+            return
+        logger.warning(
+            "%s: attempt %s failed (%s); next in %.1fs", what, state.attempt_number, describe(exc),
+            state.next_action.sleep if state.next_action else 0.0,
+        )
+
+    return log
 
 
 async def open_connection(url: str, *, timeout: float, name: str) -> AbstractConnection:

@@ -29,10 +29,9 @@ from tenacity import (
     retry_if_exception_type,
     retry_if_not_exception_type,
     stop_after_delay,
-    wait_exponential,
 )
 
-from adapters.rabbitmq.connection import close_quietly, is_open, open_connection
+from adapters.rabbitmq.connection import BACKOFF, close_quietly, is_open, log_retries, open_connection
 from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.errors import REFUSED, describe
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
@@ -42,10 +41,6 @@ from consumer_kit.broker import Consumer, DeliveryCallback
 from consumer_kit.settings import redact_url
 
 logger = logging.getLogger(__name__)
-
-# Pause between reconnect attempts: 0.1 s, 0.2 s, 0.4 s, ... at most this many seconds.
-_MAX_BACKOFF = 5.0
-
 
 class RabbitMQConsumer(Consumer):
     """Consume RabbitMQ queues with manual ack, delayed retry queues and a DLQ.
@@ -272,9 +267,9 @@ class RabbitMQConsumer(Consumer):
             return generation != self._generation or self._closed or not self._consuming
 
         async for attempt in AsyncRetrying(
-            wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+            wait=BACKOFF,
             stop=connection_replaced,
-            before_sleep=self._log_recover_retry(subscription),
+            before_sleep=log_retries(f"re-creating the subscription of queue={subscription.queue}"),
             retry_error_callback=lambda _state: None,  # gave up: the supervisor takes over
         ):
             with attempt:
@@ -286,17 +281,6 @@ class RabbitMQConsumer(Consumer):
                         await subscription.open(self._connection)
                     self.resubscribes += 1
                     logger.info("queue=%s: subscription re-created", subscription.queue)
-
-    def _log_recover_retry(self, subscription: Subscription) -> Any:
-        def log(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome is not None else None
-            logger.warning(
-                "queue=%s: re-creating the subscription failed (%s); next in %.1fs",
-                subscription.queue, describe(exc),
-                state.next_action.sleep if state.next_action else 0.0,
-            )
-
-        return log
 
     async def _stop_recoveries(self) -> None:
         tasks = [s.recovery for s in self._subscriptions.values() if s.recovery is not None]
@@ -314,11 +298,11 @@ class RabbitMQConsumer(Consumer):
             return self._connection
         try:
             async for attempt in AsyncRetrying(
-                wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+                wait=BACKOFF,
                 stop=stop_after_delay(self._reconnect_timeout),
                 # Wrong credentials or vhost will not fix themselves: fail at once.
                 retry=retry_if_not_exception_type(REFUSED),
-                before_sleep=self._log_connect_retry,
+                before_sleep=log_retries(f"connecting to RabbitMQ at {redact_url(self._url)}"),
                 reraise=True,
             ):
                 with attempt:
@@ -329,14 +313,6 @@ class RabbitMQConsumer(Consumer):
             ) from exc
         assert self._connection is not None
         return self._connection
-
-    def _log_connect_retry(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        logger.warning(
-            "cannot connect to RabbitMQ at %s (%s); retry %s in %.1f s",
-            redact_url(self._url), describe(exc), state.attempt_number,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
 
     async def _connect(self) -> None:
         await self._drop_connection()
@@ -385,30 +361,13 @@ class RabbitMQConsumer(Consumer):
             )
 
     async def _reconnect_all(self) -> None:
-        loop = asyncio.get_running_loop()
-        lost_at = loop.time()
-        alerted = False
-
-        def before_sleep(state: RetryCallState) -> None:
-            nonlocal alerted
-            exc = state.outcome.exception() if state.outcome is not None else None
-            down = loop.time() - lost_at
-            if down > self._reconnect_timeout and not alerted:
-                alerted = True
-                logger.error(
-                    "RabbitMQ unreachable for %.1fs (%s); still retrying", down, describe(exc)
-                )
-            else:
-                logger.warning(
-                    "reconnect attempt %s failed (%s); next in %.1fs",
-                    state.attempt_number, describe(exc),
-                    state.next_action.sleep if state.next_action else 0.0,
-                )
-
         async for attempt in AsyncRetrying(
-            wait=wait_exponential(multiplier=0.1, max=_MAX_BACKOFF),
+            wait=BACKOFF,
             retry=retry_if_exception_type(Exception),
-            before_sleep=before_sleep,
+            before_sleep=log_retries(
+                f"reconnecting to RabbitMQ at {redact_url(self._url)}",
+                alert_after=self._reconnect_timeout,
+            ),
         ):
             with attempt:
                 async with asyncio.timeout(self._reconnect_timeout):

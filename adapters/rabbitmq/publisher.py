@@ -81,6 +81,7 @@ class RabbitMQPublisher(Publisher):
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._exchanges: set[str] = set()  # declared on the current connection
+        self._declaring: dict[str, asyncio.Lock] = {}
         self._suspects: set[str] = set()  # destinations to publish alone (module docstring)
         self._lock = asyncio.Lock()
         self._alone = asyncio.Lock()  # one isolated publish at a time: few channels, clear blame
@@ -150,11 +151,16 @@ class RabbitMQPublisher(Publisher):
         name = message.destination
         if name == "" or name in self._exchanges:
             return
-        try:
-            await declare_topic_exchange(connection, name, self._confirm_timeout)
-        except Exception as exc:
-            raise publish_error(exc, message.message_id, name, alone=True) from exc
-        self._exchanges.add(name)
+        # One declaration per destination at a time: a first batch of many events to a new
+        # exchange opens one declaration channel, not one per event.
+        async with self._declaring.setdefault(name, asyncio.Lock()):
+            if name in self._exchanges:
+                return
+            try:
+                await declare_topic_exchange(connection, name, self._confirm_timeout)
+            except Exception as exc:
+                raise publish_error(exc, message.message_id, name, alone=True) from exc
+            self._exchanges.add(name)
 
     async def _publish_shared(
         self, channel: AbstractChannel, message: OutgoingMessage, properties: Basic.Properties
