@@ -42,6 +42,7 @@ from consumer_kit.settings import redact_url
 
 logger = logging.getLogger(__name__)
 
+
 class RabbitMQConsumer(Consumer):
     """Consume RabbitMQ queues with manual ack, delayed retry queues and a DLQ.
 
@@ -130,10 +131,6 @@ class RabbitMQConsumer(Consumer):
     def ready(self) -> bool:
         """True while the connection is up and not being re-created (readiness)."""
         return self.connected and not self._reconnecting
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
 
     # -- Consumer API ------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ or too large even after trimming), retry and release fall back to ``basic.nack(r
 and set ``lost`` (the broker now redelivers it as a redelivery, which the runtime must excuse);
 a dead-letter copy that cannot fit the frame is ``basic.reject(requeue=False)``-ed instead, so the
 work queue's own dead-letter exchange moves the original to ``<queue>.dlq`` (reason ``rejected``
-in ``x-death``), without looping and without closing the channel.
+in ``x-death``), without looping and without closing the channel (an existing queue without
+dead-letter settings, warned about at start-up, drops it: logged at ERROR).
 
 The base class bounds each settlement by ``settle_timeout`` seconds; when one fails or overruns,
 :meth:`RabbitMQDelivery._abandon` closes the delivery's channel, so the broker redelivers every

@@ -15,6 +15,7 @@ from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
+from adapters.rabbitmq.connection import close_channel_soon
 from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.errors import describe
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames
@@ -72,11 +73,6 @@ class Subscription:
     def queue(self) -> str:
         return self.names.queue
 
-    @property
-    def consuming(self) -> bool:
-        """True while a broker consumer hands out this queue's messages."""
-        return self._consumer_tag is not None and self.channel is not None and not self.channel.is_closed
-
     async def open(self, connection: AbstractConnection) -> None:
         """Declare the topology, then (re)start on this subscription's channel: the open one
         when the broker only cancelled the consumer (its in-flight deliveries stay settleable),
@@ -133,10 +129,14 @@ class Subscription:
         # on_return_raises: a retry or release copy whose queue is gone raises instead of
         # counting as confirmed.
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        try:
+            underlay = await channel.get_underlay_channel()
+            underlay.on_consumer_cancel_callbacks.add(self._on_consumer_cancelled)
+            await channel.set_qos(prefetch_count=self.prefetch)
+        except BaseException:
+            await close_channel_soon(channel, self._settle_timeout)  # half-made: never reused
+            raise
         channel.close_callbacks.add(self._on_channel_closed)
-        underlay = await channel.get_underlay_channel()
-        underlay.on_consumer_cancel_callbacks.add(self._on_consumer_cancelled)
-        await channel.set_qos(prefetch_count=self.prefetch)
         self.channel = channel
         return channel
 

@@ -89,11 +89,6 @@ class Declared:
     arguments: dict[str, Any] = field(default_factory=dict)
     passive: bool = False
 
-    @property
-    def dead_letters(self) -> bool:
-        """True when the broker dead-letters rejected messages somewhere (it has a DLX)."""
-        return self.passive or "x-dead-letter-exchange" in self.arguments
-
 
 class QueueDeclarer:
     """Declares a subscription's queues with the wanted arguments (module docstring), warning
