@@ -65,7 +65,7 @@ class TcpProxy:
 
     async def drop(self) -> None:
         """Cut every proxied connection at once (both sides see the connection reset); keep
-        listening."""
+        listening. A pause stays in force for new connections until :meth:`resume`."""
         for writer in list(self._writers):
             with contextlib.suppress(Exception):
                 writer.transport.abort()
@@ -76,7 +76,8 @@ class TcpProxy:
         await asyncio.gather(*pipes, return_exceptions=True)
 
     async def close(self) -> None:
-        """Stop listening (new connections are refused) and cut every proxied connection."""
+        """Stop listening (new connections are refused), cut every proxied connection and clear
+        a pause, so a later :meth:`start` forwards at once."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -91,13 +92,22 @@ class TcpProxy:
             writer.transport.abort()
             return
         self._writers.update((writer, up_writer))
-        pipe = asyncio.current_task()
-        assert pipe is not None
+        # A task of our own for the two directions: drop() cancels it, never the server's task.
+        pipe = asyncio.create_task(self._pipe(reader, writer, up_reader, up_writer))
         self._pipes.add(pipe)
+        pipe.add_done_callback(self._pipes.discard)
+        await asyncio.wait({pipe})
+
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up_reader: asyncio.StreamReader,
+        up_writer: asyncio.StreamWriter,
+    ) -> None:
         try:
             await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
         finally:
-            self._pipes.discard(pipe)
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.transport.abort()
