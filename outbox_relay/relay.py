@@ -227,10 +227,10 @@ class Relay:
             )
         event_ids = {row.id: row.event_id for row in rows}
         for failure in failures:
-            if failure.id in parked and not failure.park:  # parked-at-once rows were logged
+            if failure.id in parked:
                 logger.error(
-                    "event_id=%s parked after its last attempt: %s",
-                    event_ids.get(failure.id), failure.error,
+                    "event_id=%s parked %s: %s", event_ids.get(failure.id),
+                    "at once" if failure.park else "after its last attempt", failure.error,
                 )
         logger.debug(
             "batch claimed=%s published=%s failed=%s parked=%s",
@@ -301,7 +301,6 @@ class Relay:
             exchange, routing_key = self.routing.resolve(row.destination, row.routing_key)
         except UnknownDestination as exc:
             self.counters.add("unknown_destination")
-            logger.error("event_id=%s parked: %s", row.event_id, exc)
             return Failure(row.id, str(exc), park=True)
         stored = {str(k): str(v) for k, v in row.headers.items()}
         with tracer.start_as_current_span(
@@ -329,11 +328,7 @@ class Relay:
         ``max_attempts``. The text never carries the payload."""
         error = f"{type(exc).__name__}: {exc}"[:500]
         if isinstance(exc, PublishError) and exc.permanent:
-            self.counters.add("parked_permanent")
-            logger.error(
-                "event_id=%s destination=%s can never be published as it is; parked: %s",
-                row.event_id, row.destination, error,
-            )
+            self.counters.add("parked_permanent")  # logged once the park is recorded
             return Failure(row.id, error, park=True)
         logger.debug(
             "publish failed event_id=%s destination=%s attempt=%s: %s",
