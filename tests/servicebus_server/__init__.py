@@ -1,0 +1,18 @@
+"""A local AMQP 1.0 server imitating the part of Azure Service Bus the azure-servicebus SDK uses.
+
+See README.md beside this file for what is imitated and what is not.
+"""
+
+from .entities import EntityOptions, Namespace, Queue, Topic
+from .messages import MessageSnapshot, MessageState
+from .server import ServiceBusTestServer
+
+__all__ = [
+    "EntityOptions",
+    "MessageSnapshot",
+    "MessageState",
+    "Namespace",
+    "Queue",
+    "ServiceBusTestServer",
+    "Topic",
+]
