@@ -30,7 +30,7 @@ from azure.servicebus.exceptions import (
     MessageLockLostError,
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
-    ServiceBusError,
+    OperationTimeoutError,
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
@@ -449,6 +449,20 @@ async def test_session_messages_arrive_in_order_to_one_receiver_at_a_time(
     assert queue.messages == []
 
 
+@bounded(10)
+async def test_next_available_session_times_out_when_no_session_has_messages(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    server.create_queue("orders", requires_session=True)
+    started = time.monotonic()
+    # The server holds the attach for the link's com.microsoft:timeout (from max_wait_time), then
+    # refuses it with com.microsoft:timeout, as Service Bus does.
+    with pytest.raises(OperationTimeoutError):
+        async with open_receiver(client, "orders", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=0.5):
+            pass
+    assert time.monotonic() - started < 5
+
+
 @bounded(20)
 async def test_session_state_and_lock_renewal(server: ServiceBusTestServer, client: ServiceBusClient) -> None:
     queue = server.create_queue("orders", requires_session=True, lock_duration=LOCK)
@@ -634,12 +648,13 @@ async def test_peek_shows_messages_without_locking_them(
 
 @bounded(10)
 async def test_unknown_entities_fail_fast(server: ServiceBusTestServer, client: ServiceBusClient) -> None:
-    with pytest.raises(MessagingEntityNotFoundError):
-        async with open_sender(client, "missing") as sender:
-            await sender.send_messages(ServiceBusMessage("x"))
-    with pytest.raises(ServiceBusError):
-        async with open_receiver(client, "missing") as receiver:
-            await receiver.receive_messages(max_message_count=1, max_wait_time=1)
+    for open_handler in (open_sender, open_receiver):
+        started = time.monotonic()
+        with pytest.raises(MessagingEntityNotFoundError):
+            async with open_handler(client, "missing"):
+                pass
+        # Refused at attach: only the SDK's connection set-up (about half a second) is spent.
+        assert time.monotonic() - started < 3
 
 
 # -- 11. the server itself ----------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 See README.md beside this file for what is imitated and what is not.
 """
 
-from .entities import EntityOptions, Namespace, Queue, Topic
+from .entities import Namespace, Topic
 from .messages import MessageSnapshot, MessageState
+from .queues import Queue
+from .send_target import EntityOptions
 from .server import ServiceBusTestServer
 
 __all__ = [

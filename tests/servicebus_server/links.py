@@ -32,9 +32,11 @@ from typing import Any
 from proton import Condition, Delivery, Endpoint, Event, Handler, Link, Message, Terminus
 
 from . import cbs, management, wire
-from .entities import MessageSession, Namespace, Queue, SendTarget, Settlement
+from .entities import Namespace
 from .errors import BrokerError, MessageTooLarge, NotAllowed, SessionLockLost
+from .queues import MessageSession, Queue, Settlement
 from .sections import EncodedMessage, unbatch
+from .send_target import SendTarget
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -21,9 +21,11 @@ from typing import Any
 from proton import Message, symbol
 
 from . import wire
-from .entities import Namespace, Queue, SendTarget, Settlement
+from .entities import Namespace
 from .errors import BrokerError, InvalidArgument, NotAllowed
+from .queues import Queue, Settlement
 from .sections import EncodedMessage
+from .send_target import SendTarget
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -23,8 +23,10 @@ from typing import Any
 from proton import Endpoint, Event, Handler
 from proton.reactor import ApplicationEvent, Container, EventInjector
 
-from .entities import EntityOptions, Namespace, Queue, Topic
+from .entities import Namespace, Topic
 from .links import ServiceBusHandler
+from .queues import Queue
+from .send_target import EntityOptions
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ DEAD_LETTER_ERROR_DESCRIPTION = "DeadLetterErrorDescription"
 SESSION_FILTER = symbol(f"{VENDOR}:session-filter")
 SESSION_LOCKED_UNTIL = symbol(f"{VENDOR}:locked-until-utc")
 LINK_TIMEOUT = symbol(f"{VENDOR}:timeout")  # ms the client will wait for a NEXT_AVAILABLE session
-MAX_MESSAGE_BATCH_SIZE = symbol(f"{VENDOR}:max-message-batch-size")
 TRACKING_ID = symbol(f"{VENDOR}:tracking-id")  # error info key Service Bus fills for support cases
 
 # Error conditions the SDK maps to its exception classes.
@@ -46,10 +45,6 @@ SESSION_CANNOT_BE_LOCKED = f"{VENDOR}:session-cannot-be-locked"
 MESSAGE_NOT_FOUND = f"{VENDOR}:message-not-found"
 ARGUMENT_ERROR = f"{VENDOR}:argument-error"
 OPERATION_TIMEOUT = f"{VENDOR}:timeout"
-DEAD_LETTER_CONDITION = f"{VENDOR}:dead-letter"
-
-# A transfer whose data sections are each an encoded message (ServiceBusMessageBatch).
-BATCH_MESSAGE_FORMAT = 0x80013700
 
 # .NET DateTime ticks (100 ns) at the Unix epoch; session lock expiry travels in ticks.
 DOTNET_TICKS_AT_UNIX_EPOCH = 621355968000000000

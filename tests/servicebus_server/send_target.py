@@ -1,0 +1,132 @@
+"""The producer side of an entity: sequence numbers, duplicate detection, size limit, scheduling.
+
+Imitates Service Bus (times in seconds since the Unix epoch): each entity that accepts sends
+assigns sequence numbers from 1; with duplicate detection on, a message whose ``message_id`` was
+seen within the window is accepted and dropped; a message over ``max_message_size`` bytes is
+refused; a message with a future ``x-opt-scheduled-enqueue-time`` (or sent through
+``schedule-message``) is held until then and keeps the sequence number it got on arrival.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from . import wire
+from .errors import MessageNotFound, MessageTooLarge
+from .messages import MessageSnapshot, MessageState, StoredMessage
+from .sections import EncodedMessage
+
+
+@dataclass(frozen=True)
+class EntityOptions:
+    """Per-entity settings, named as in the Service Bus portal.
+
+    ``lock_duration`` (seconds) applies to message locks and session locks alike;
+    ``duplicate_detection_window`` (seconds) or None turns duplicate detection off;
+    ``max_message_size`` is in bytes; ``max_delivery_count`` None never dead-letters.
+    """
+
+    lock_duration: float = 30.0
+    max_delivery_count: int | None = 10
+    requires_session: bool = False
+    duplicate_detection_window: float | None = None
+    max_message_size: int = 256 * 1024
+
+
+class SendTarget:
+    """Something producers send to (a queue or a topic): sequencing, dedup, size and scheduling."""
+
+    def __init__(self, path: str, options: EntityOptions, lock: threading.RLock) -> None:
+        self.path = path
+        self.options = options
+        self._lock = lock
+        self._next_sequence_number = 1
+        self._seen_message_ids: dict[str, float] = {}
+        self._scheduled: dict[int, StoredMessage] = {}
+
+    # -- producer side ------------------------------------------------------------------------
+
+    def send(self, content: EncodedMessage, now: float) -> None:
+        """Store one message (a duplicate is accepted and dropped, as Service Bus does)."""
+        self._check_acceptable(content)
+        if self._is_duplicate(content.message_id, now):
+            return
+        scheduled = content.annotations.get(wire.SCHEDULED_ENQUEUE_TIME)
+        if scheduled is not None and int(scheduled) / 1000 > now:
+            self._hold(content, int(scheduled) / 1000)
+            return
+        self._accept(self._new_message(content, now))
+
+    def schedule(self, content: EncodedMessage, when: float, now: float) -> int:
+        """Hold a message until ``when``; returns its sequence number (for cancel)."""
+        self._check_acceptable(content)
+        if when <= now:
+            stored = self._new_message(content, now)
+            self._accept(stored)
+            return stored.sequence_number
+        return self._hold(content, when).sequence_number
+
+    def cancel_scheduled(self, sequence_number: int) -> None:
+        if self._scheduled.pop(sequence_number, None) is None:
+            raise MessageNotFound(f"no scheduled message {sequence_number} in {self.path}")
+
+    def release_due(self, now: float) -> None:
+        """Enqueue scheduled messages whose time has come."""
+        for sequence_number, stored in list(self._scheduled.items()):
+            if stored.scheduled_time is not None and stored.scheduled_time <= now:
+                del self._scheduled[sequence_number]
+                stored.state = MessageState.ACTIVE
+                stored.enqueued_time = stored.scheduled_time
+                self._accept(stored)
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def _check_acceptable(self, content: EncodedMessage) -> None:
+        if content.size > self.options.max_message_size:
+            raise MessageTooLarge(
+                f"message of {content.size} bytes exceeds {self.options.max_message_size} bytes"
+            )
+
+    def _accept(self, stored: StoredMessage) -> None:
+        raise NotImplementedError
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _new_message(self, content: EncodedMessage, now: float) -> StoredMessage:
+        stored = StoredMessage(self._next_sequence_number, content, enqueued_time=now)
+        self._next_sequence_number += 1
+        return stored
+
+    def _hold(self, content: EncodedMessage, when: float) -> StoredMessage:
+        stored = self._new_message(content, when)
+        stored.state = MessageState.SCHEDULED
+        stored.scheduled_time = when
+        self._scheduled[stored.sequence_number] = stored
+        return stored
+
+    def _is_duplicate(self, message_id: str | None, now: float) -> bool:
+        window = self.options.duplicate_detection_window
+        if window is None or message_id is None:
+            return False
+        for seen_id, seen_at in list(self._seen_message_ids.items()):
+            if seen_at + window > now:
+                break  # insertion order is time order: the rest are younger
+            del self._seen_message_ids[seen_id]
+        if message_id in self._seen_message_ids:
+            return True
+        self._seen_message_ids[message_id] = now
+        return False
+
+    # -- inspection (takes the namespace lock) --------------------------------------------------
+
+    @property
+    def scheduled(self) -> list[MessageSnapshot]:
+        """Messages waiting for their scheduled enqueue time, in sequence order."""
+        with self._lock:
+            return [self._scheduled[n].snapshot(0.0) for n in sorted(self._scheduled)]
+
+    @property
+    def scheduled_count(self) -> int:
+        with self._lock:
+            return len(self._scheduled)
