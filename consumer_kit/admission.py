@@ -6,15 +6,17 @@ Three rules, one object:
   worker (the database pool is sized from the same number);
 * **poison isolation**: a redelivered message (the broker handed it out before and nobody settled
   it: the process may have died running it) runs *alone*: it waits until nothing else runs, and
-  while it waits or runs, other deliveries are given back instead of started, so a message that
-  kills its process takes only itself down;
+  other deliveries wait until it is done, so a message that kills its process takes only itself
+  down. The waiting deliveries stay with the worker (the broker's prefetch bounds how many): if
+  the process dies they come back as redeliveries, never having run, and no crash is counted
+  against them.
 * **environment pause**: while the database (or another dependency of every delivery) is
-  unavailable, nothing is started: deliveries are given back uncounted until :meth:`resume`.
+  unavailable, nothing is started: deliveries are given back uncounted (:class:`GiveBack`) until
+  :meth:`resume`, and ``on_change`` tells the worker to stop the broker from handing out more.
 
-A delivery that must not start gets :class:`GiveBack`; the runtime then releases it to the broker
-(uncounted, a suspect staying a suspect). ``on_change`` is told when the process starts or stops
-needing its consumers paused (running alone or paused), so the worker can stop the broker from
-handing out more deliveries meanwhile.
+Why running alone does not pause the broker's consumer: on a RabbitMQ quorum queue, cancelling a
+consumer returns the messages already checked out to it but still in transit as *redeliveries*
+(``x-delivery-count`` + 1), which would make each of them run alone in turn, and so on.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 
 
 class GiveBack(Exception):
-    """The delivery must not start now; ``reason`` is ``"paused"`` or ``"running_alone"``."""
+    """The delivery must not start now (``reason`` is ``"paused"``): release it uncounted."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -37,17 +39,21 @@ class Admission:
 
     Args:
         limit: deliveries running at once (``None``: no limit, e.g. in tests of the runtime alone).
-        on_change: called with ``True`` when consumers should pause (someone runs alone, or the
-            process is paused) and with ``False`` when they may resume.
+        on_change: called with ``True`` when the process pauses (consumers should stop) and with
+            ``False`` when it resumes.
+
+    Attributes:
+        running: deliveries running now.
+        paused_reason: why the process is paused, or ``None``.
     """
 
     def __init__(self, limit: int | None = None, on_change: Callable[[bool], None] | None = None) -> None:
         self.limit = limit
         self.on_change = on_change
         self.running = 0
-        self._alone_waiting = 0
-        self._alone_running = False
         self.paused_reason: str | None = None
+        self._alone_waiting = 0  # redelivered messages waiting to run alone, or running alone
+        self._alone_running = False
         self._changed = asyncio.Condition()
         self._wakers: set[asyncio.Task[None]] = set()
 
@@ -56,21 +62,23 @@ class Admission:
         return self.paused_reason is not None
 
     @property
-    def holding_back(self) -> bool:
-        """``True`` while deliveries are given back instead of started."""
-        return self.paused or self._alone_waiting > 0
+    def isolating(self) -> bool:
+        """``True`` while a redelivered message waits to run alone or runs alone."""
+        return self._alone_waiting > 0
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
-        """Run one ordinary delivery.
+        """Run one ordinary delivery: waits for a free slot, and for any redelivered message that
+        waits to run (or runs) alone.
 
         Raises:
-            GiveBack: the process is paused, or a redelivered message waits to run (or runs) alone.
+            GiveBack: the process is paused.
         """
         async with self._changed:
             while True:
-                self._raise_if_holding_back()
-                if self.limit is None or self.running < self.limit:
+                if self.paused:
+                    raise GiveBack("paused")
+                if self._alone_waiting == 0 and (self.limit is None or self.running < self.limit):
                     break
                 await self._changed.wait()
             self.running += 1
@@ -84,7 +92,8 @@ class Admission:
     @contextlib.asynccontextmanager
     async def alone(self) -> AsyncIterator[None]:
         """Run a redelivered message with nothing else running in this process. Waits for the
-        running deliveries to finish (and for an earlier one running alone).
+        running deliveries to finish (and for an earlier one running alone); ordinary deliveries
+        wait meanwhile.
 
         Raises:
             GiveBack: the process is paused.
@@ -93,16 +102,14 @@ class Admission:
             if self.paused:
                 raise GiveBack("paused")
             self._alone_waiting += 1
-            if self._alone_waiting == 1:
-                self._notify_change(True)
-            self._changed.notify_all()  # waiters for an ordinary slot: give back now
             try:
                 while self.running > 0 or self._alone_running:
                     await self._changed.wait()
                     if self.paused:
                         raise GiveBack("paused")
             except BaseException:
-                self._leave_alone()
+                self._alone_waiting -= 1
+                self._changed.notify_all()
                 raise
             self._alone_running = True
         try:
@@ -110,15 +117,16 @@ class Admission:
         finally:
             async with self._changed:
                 self._alone_running = False
-                self._leave_alone()
+                self._alone_waiting -= 1
+                self._changed.notify_all()
 
     def pause(self, reason: str) -> bool:
-        """Stop starting deliveries (an environment fault). Returns ``True`` if this call paused."""
+        """Stop starting deliveries (an environment fault): waiting ones are given back. Returns
+        ``True`` if this call paused."""
         if self.paused:
             return False
         self.paused_reason = reason
-        if self._alone_waiting == 0:
-            self._notify_change(True)
+        self._notify_change(True)
         self._wake()
         return True
 
@@ -127,21 +135,8 @@ class Admission:
         if not self.paused:
             return
         self.paused_reason = None
-        if self._alone_waiting == 0:
-            self._notify_change(False)
+        self._notify_change(False)
         self._wake()
-
-    def _raise_if_holding_back(self) -> None:
-        if self.paused:
-            raise GiveBack("paused")
-        if self._alone_waiting > 0:
-            raise GiveBack("running_alone")
-
-    def _leave_alone(self) -> None:
-        self._alone_waiting -= 1
-        if self._alone_waiting == 0 and not self.paused:
-            self._notify_change(False)
-        self._changed.notify_all()
 
     def _notify_change(self, hold: bool) -> None:
         if self.on_change is not None:

@@ -72,8 +72,8 @@ def classify(exc: BaseException) -> FaultKind:
             return FaultKind.CONTENTION
         if sqlstate in _ENVIRONMENT or sqlstate.startswith(_ENVIRONMENT_CLASSES):
             return FaultKind.ENVIRONMENT
-        if sqlstate.startswith("22") or sqlstate in _DETERMINISTIC:
-            return FaultKind.MESSAGE
+        if sqlstate.startswith("22") or sqlstate in _DETERMINISTIC or isinstance(exc, psycopg.DataError):
+            return FaultKind.MESSAGE  # psycopg raises DataError itself for a value it cannot send (NUL)
         if isinstance(exc, pg_errors.InFailedSqlTransaction):
             return FaultKind.HANDLER  # the handler swallowed an error and carried on
         if not sqlstate and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):

@@ -58,3 +58,4 @@ class DeliveryReport:
     result: StoredResult | None = None
     duration_seconds: float = 0.0
     settlement_lost: bool = False  # the settlement did not reach the broker: it redelivers
+    redelivered: bool = False  # the broker handed it out before without a settlement (ran alone)

@@ -29,6 +29,7 @@ by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -36,7 +37,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -139,6 +140,8 @@ class Runtime:
     Attributes:
         on_environment_fault: called with a one-line reason when a delivery met an environment
             fault (the worker pauses consuming and probes); ``None``: nobody to tell.
+        before_release: awaited before a delivery is given back uncounted (the worker: until its
+            consumers have stopped, bounded); ``None``: release at once.
         counters: in-process outcome counters.
         observers: called with every :class:`DeliveryReport`.
     """
@@ -162,6 +165,7 @@ class Runtime:
         self.counters = Counters()
         self.observers: list[Callable[[DeliveryReport], None]] = []
         self.on_environment_fault: Callable[[str], None] | None = None
+        self.before_release: Callable[[], Awaitable[None]] | None = None
         self._uncleared: set[OperationIdentity] = set()  # run-alone markers to clear once it can
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
@@ -191,6 +195,11 @@ class Runtime:
                 raise
             span.set_attribute("consumer_kit.outcome", decision.outcome.value)
             crashpoints.reached(CrashPoint.BEFORE_ACK)
+            if decision.how is Settlement.RELEASED and self.before_release is not None:
+                # Give back only once the consumer has stopped: a copy put back while it still
+                # consumes could be handed out again at once (or, on a quorum queue, come back
+                # as a redelivery when the consumer is cancelled with it in transit).
+                await self.before_release()
             await self._settle(delivery, decision)
         report = self._report(
             delivery, decoded, decision.outcome, started, reason=decision.reason, result=decision.result
@@ -418,8 +427,9 @@ class Runtime:
         # savepoint on the common path: it would cost two round trips on every delivery.
         handler_scope = asyncio.timeout(self.settings.handler_timeout)
         try:
-            async with handler_scope:
-                result = await decoded.handler.handle(decoded.message, ctx)
+            with _commit_forbidden(conn):
+                async with handler_scope:
+                    result = await decoded.handler.handle(decoded.message, ctx)
         except TimeoutError:
             if handler_scope.expired():
                 raise HandlerTimeout(
@@ -648,7 +658,23 @@ class Runtime:
             result=result,
             duration_seconds=time.monotonic() - started,
             settlement_lost=delivery.lost,
+            redelivered=delivery.redelivered,
         )
+
+
+@contextlib.contextmanager
+def _commit_forbidden(conn: psycopg.AsyncConnection[Any]) -> Iterator[None]:
+    """While the handler runs, psycopg treats the connection as inside a ``transaction()`` block:
+    ``commit()`` and ``rollback()`` raise ``ProgrammingError`` and a nested ``transaction()``
+    becomes a savepoint, exactly as inside ``async with conn.transaction():``. The runtime sends
+    BEGIN and COMMIT itself (COMMIT with the session reset, in one round trip), so it counts the
+    block on psycopg's own counter (``_num_transactions``, stable since psycopg 3.0; a test fails
+    if a release changes it). A raw ``COMMIT`` sent as SQL is still caught afterwards."""
+    conn._num_transactions += 1
+    try:
+        yield
+    finally:
+        conn._num_transactions -= 1
 
 
 def _ensure_transaction_open(conn: psycopg.AsyncConnection[Any]) -> None:

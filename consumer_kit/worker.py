@@ -8,7 +8,7 @@
   ``probe_backoff_max`` seconds apart) until a new session can write; then it replaces its pooled
   connections and resumes on its own.
 * **Poison isolation**: a redelivered message runs alone (see :mod:`consumer_kit.admission`);
-  meanwhile the consumers are paused too.
+  the other deliveries the broker hands out meanwhile wait (prefetch bounds them).
 * **Health**: ``health_file`` is touched every second while the loop runs; ``health_port`` serves
   ``/live`` and ``/ready`` (not ready while paused or while the broker connection is down).
 * **Graceful shutdown** (SIGTERM/SIGINT): stop taking deliveries, let in-flight ones finish for up
@@ -87,6 +87,7 @@ class Worker:
         self._probe: asyncio.Task[None] | None = None
         self._consumers_held = False
         self._holding = asyncio.Event()  # wakes the task that pauses and resumes the consumer
+        self._consumer_stopped = asyncio.Event()  # set while the consumer is paused
         self.health = Health(
             stale_after=10 * _HEARTBEAT, file=self.settings.health_file,
             detail=self._health_detail, ready=self._ready,
@@ -112,6 +113,7 @@ class Worker:
             await self._prepare_schema(pool)
             self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission)
             self.runtime.on_environment_fault = self._on_environment_fault
+            self.runtime.before_release = self._until_consumer_stopped
             if self._on_report is not None:
                 self.runtime.observers.append(self._on_report)
             consumer = self._consumer = self._consumer or open_consumer(self.settings)
@@ -210,10 +212,21 @@ class Worker:
         logger.info("resumed: the database accepts writes again after %.1f s", time.monotonic() - paused_at)
 
     def _hold_consumers(self, hold: bool) -> None:
-        """Admission says whether the broker should hold back deliveries (paused or someone runs
-        alone); :meth:`_apply_holds` makes the consumer follow, one call at a time."""
+        """Admission says whether the broker should stop handing out deliveries (paused);
+        :meth:`_apply_holds` makes the consumer follow, one call at a time."""
         self._consumers_held = hold
         self._holding.set()
+
+    async def _until_consumer_stopped(self) -> None:
+        """Before a delivery is given back: wait (at most ``settle_timeout`` seconds) until the
+        consumer no longer hands out deliveries, if the worker is pausing it."""
+        if not self._consumers_held or self._consumer_stopped.is_set():
+            return
+        try:
+            async with asyncio.timeout(self.settings.settle_timeout):
+                await self._consumer_stopped.wait()
+        except TimeoutError:
+            logger.warning("the consumer did not pause within %.0f s; releasing anyway", self.settings.settle_timeout)
 
     async def _apply_holds(self, consumer: Consumer) -> None:
         applied = False
@@ -224,7 +237,12 @@ class Worker:
             if wanted == applied:
                 continue
             try:
-                await (consumer.pause() if wanted else consumer.resume())
+                if wanted:
+                    await consumer.pause()
+                    self._consumer_stopped.set()
+                else:
+                    self._consumer_stopped.clear()
+                    await consumer.resume()
                 applied = wanted
             except Exception as exc:  # noqa: BLE001 - retried on the next change; deliveries are given back meanwhile
                 logger.warning("consumer %s failed (%s)", "pause" if wanted else "resume", type(exc).__name__)

@@ -137,11 +137,13 @@ async def test_read_only_window_dead_letters_nothing_and_executes_each_once(
                 await poll(lambda: _ready(worker.health.port))
             outcomes = collections.Counter(r.outcome for r in reports)
             assert set(outcomes) <= {Outcome.EXECUTED, Outcome.RELEASED}, outcomes
-            assert all(r.reason and r.reason.startswith(("environment:", "paused")) for r in reports
-                       if r.outcome is Outcome.RELEASED)
+            released = {r.reason for r in reports if r.outcome is Outcome.RELEASED}
+            assert all(reason and reason.startswith(("environment:", "paused")) for reason in released), released
             assert await env.depth(env.queue + ".dlq") == 0
             await assert_effects(env, dict.fromkeys(range(1, 11), 1250))
-            assert await env.rows("SELECT count(*) FROM attempts WHERE failures > 0") == [(0,)]
+            # nothing counted: no failure, no crash (messages that were in transit when the
+            # consumer paused come back as redeliveries and run alone, but none died running)
+            assert await env.rows("SELECT count(*) FROM attempts WHERE failures + crashes > 0") == [(0,)]
         finally:
             await env.cleanup()
 
@@ -246,9 +248,10 @@ async def test_deliveries_given_back_at_shutdown_are_not_attempts(renv: Resilien
     restarts = 11
     handler = DeployedHandler(slow_runs=restarts)
     app = renv.app(handler)
-    await renv.send_command(1)
-    for _ in range(restarts):
+    for restart in range(restarts):
         async with renv.run(app, shutdown_timeout=0.2):
+            if restart == 0:
+                await renv.send_command(1)  # once the worker has declared the queue
             await asyncio.wait_for(handler.entered.wait(), 30)
             handler.entered.clear()
     async with renv.run(app, shutdown_timeout=0.2):
