@@ -38,10 +38,12 @@ from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
+from consumer_kit.faults import FaultKind, classify
+from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
 from consumer_kit.settings import Settings
+from consumer_kit.telemetry import describe_error
 from outbox_relay.counters import RelayCounters
-from outbox_relay.health import Health
 from outbox_relay.listener import NotifyListener
 from outbox_relay.reconnect import close_quietly, log_retry
 from outbox_relay.routing import Routing, UnknownDestination
@@ -50,6 +52,9 @@ from outbox_relay.store import ClaimedRow, Failure, OutboxStore
 
 logger = logging.getLogger("outbox_relay")
 tracer = trace.get_tracer("outbox_relay")
+
+_BACKOFF_FIRST = 0.5  # seconds between tries while the database is unavailable, doubling
+_BACKOFF_MAX = 5.0
 
 REQUIRED_MIGRATION = 102
 """The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
@@ -82,9 +87,10 @@ class Relay:
         self.routing = routing or Routing.from_settings(settings)
         self.store = OutboxStore.from_settings(settings)
         self.health = Health(
-            stale_after=settings.relay_poll_interval + settings.relay_claim_timeout + 5.0,
+            stale_after=settings.relay_poll_interval + settings.relay_claim_timeout + _BACKOFF_MAX + 5.0,
             file=settings.relay_health_file,
-            counters=self.counters.snapshot,
+            detail=lambda: {"counters": self.counters.snapshot(), "database_unavailable": self._outage},
+            ready=lambda: self._outage is None,
         )
         self._publisher = publisher
         self._owns_publisher = publisher is None
@@ -94,6 +100,8 @@ class Relay:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._next_cleanup = 0.0
+        self._outage: str | None = None  # why the database is unavailable, while it is
+        self._outage_backoff = _BACKOFF_FIRST
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -212,7 +220,7 @@ class Relay:
         try:
             marked = await self.store.mark_published(conn, confirmed)
             parked = await self.store.mark_failed(conn, failures)
-        except psycopg.OperationalError:
+        except psycopg.Error:  # lost, read-only, ...: republished with the same IDs after the lease
             self.counters.add("mark_lost", len(confirmed))
             raise
         retried = {r.id for r in rows if r.attempts > 0 or r.previous_owner is not None}
@@ -388,16 +396,33 @@ class Relay:
             await self.cleanup_published()
 
     async def _guarded(self, step: Callable[[], Awaitable[Any]]) -> None:
-        """Run ``step``; a lost database connection is logged and dropped (the next
-        :meth:`_connection` reconnects with backoff)."""
+        """Run ``step``. An unavailable database (connection lost, read-only after a fail-over,
+        shutting down: an environment fault, :mod:`consumer_kit.faults`) is logged once per
+        outage, the connection dropped, and the loop backs off (0.5 s doubling up to 5 s) before
+        it reconnects; the relay reports not-ready meanwhile. Rows claimed before the fault are
+        published again, with the same event ID, once their lease runs out."""
         try:
             await step()
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            if classify(exc) is not FaultKind.ENVIRONMENT and not isinstance(exc, psycopg.OperationalError):
+                raise
             self.counters.add("db_errors")
-            logger.warning("database connection lost (%s); reconnecting", type(exc).__name__)
+            reason = describe_error(exc)
+            if self._outage is None:
+                logger.warning("database unavailable (%s); backing off and reconnecting", reason)
+            else:
+                logger.info("database still unavailable (%s); next try in %.1f s", reason, self._outage_backoff)
+            self._outage = reason
             if self._conn is not None:
                 await close_quietly(self._conn)
                 self._conn = None
+            await self._sleep_unless_stopped(self._outage_backoff)
+            self._outage_backoff = min(self._outage_backoff * 2, _BACKOFF_MAX)
+            return
+        if self._outage is not None:
+            logger.info("database available again")
+        self._outage = None
+        self._outage_backoff = _BACKOFF_FIRST
 
     async def _connection(self) -> AsyncConnection[Any]:
         """The relay's autocommit connection, (re)opened with exponential backoff (tenacity)

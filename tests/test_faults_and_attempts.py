@@ -469,3 +469,39 @@ async def test_contention_past_its_own_bound_is_dead_lettered_with_that_reason(r
     assert reports[-1].reason == "max_contentions_exceeded:LockNotAvailable"
     assert await renv.rows("SELECT failures, contentions FROM attempts") == [(0, 2)]
     assert await dead_letter_reasons(renv) == ["max_contentions_exceeded:LockNotAvailable"]
+
+
+# -- 1b. the relay through the same fail-over ------------------------------------------------------
+
+
+async def test_relay_survives_a_read_only_window_and_publishes_everything_once_writes_work(
+    own_database: str, database_url: str, rabbitmq_url: str, unique_name: str
+) -> None:
+    """The relay claims rows with an UPDATE, which a read-only database refuses. It must neither
+    crash nor spin: it logs the outage once, backs off, reports not-ready, and publishes every
+    event (with message id = event id) once the database is writable again."""
+    from outbox_relay import Relay
+    from tests.test_relay_support import Event, Recorder, connect, relay_settings, write_events
+
+    database = str(conninfo_to_dict(own_database)["dbname"])
+    async with throwaway_schema(own_database) as schema, Recorder(rabbitmq_url, unique_name) as rec:
+        async with await connect(own_database) as conn:
+            before = await write_events(conn, schema, [Event(unique_name) for _ in range(3)])
+        relay = Relay(relay_settings(own_database, schema, rabbitmq_url, relay_health_port=0))
+        task = asyncio.create_task(relay.run())
+        try:
+            await rec.wait_for(before, 15)
+            await set_read_only(database_url, database, True)
+            await poll(lambda: _true(relay.counters["db_errors"] >= 2))
+            assert not task.done()
+            assert relay.health.port is not None
+            assert await http_status(relay.health.port, "/ready") == 503
+            await set_read_only(database_url, database, False)
+            async with await connect(own_database) as conn:
+                after = await write_events(conn, schema, [Event(unique_name) for _ in range(3)])
+            await rec.wait_for(after, 30)
+            await poll(lambda: _ready(relay.health.port))
+        finally:
+            relay.request_stop()
+            await asyncio.wait_for(task, 15)
+    assert sorted(r.message_id for r in rec.received) == sorted(str(e) for e in before + after)
