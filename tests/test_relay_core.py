@@ -472,7 +472,8 @@ async def test_health_file_and_endpoint_follow_the_loop(database_url: str, tmp_p
             writer.close()
             assert answer.startswith("HTTP/1.1 200")
             body = json.loads(answer.split("\r\n\r\n", 1)[1])
-            assert body["status"] == "ok" and body["counters"]["wakeups_poll"] >= 1
+            assert body["status"] == "ok" and body["ready"] is True
+            assert body["detail"]["counters"]["wakeups_poll"] >= 1
         finally:
             relay.request_stop()
             await asyncio.wait_for(task, 10)
