@@ -48,8 +48,16 @@ class Delivery(abc.ABC):
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
         settle_timeout: seconds; the one bound on each settlement (see below).
-        lost: set when a settlement did not reach the broker: the broker redelivers the message on
-            its own (as a redelivery), so the runtime excuses that redelivery from the crash count.
+        lost: set when a settlement did not take effect as asked and the broker will redeliver the
+            message on its own, as a redelivery: the base class sets it when a hook fails or
+            overruns; an adapter sets it itself when it had to fall back (e.g. a retry copy was
+            refused, so the original was nacked back). Informational (reports, logs): a redelivery
+            that follows is handled as any other (ledger: duplicate; crash count: only a death
+            while running alone counts).
+
+    An ack that a protocol does not confirm (AMQP 0-9-1 ``basic.ack`` has no reply) counts as done
+    once written; if the connection then drops, the message comes back without ``lost`` set and
+    the ledger answers it as a duplicate.
 
     Settlement (``ack``, ``retry``, ``dead_letter``, ``release``) is bounded by ``settle_timeout``
     seconds and never raises: when the adapter's hook fails or overruns, the delivery is
