@@ -1,0 +1,125 @@
+"""AWS SQS adapter (boto3): deliveries in, settlement, publishers out.
+
+boto3 and botocore are imported only inside this package, and called only from worker threads
+(:mod:`adapters.sqs.client`). One job per module:
+
+================  ==================================================================================
+module            job
+================  ==================================================================================
+``config``        the ``sqs://`` broker URL (endpoint, region, long-poll wait, visibility, options)
+``client``        one thread-safe boto3 client per adapter object, called from its own threads
+``errors``        SQS error codes; PublishError kinds; stale receipt handles
+``queues``        queue names, URLs and ARNs; attributes read from the queue; dead-letter queues
+``attributes``    headers as message attributes (at most 10); consumer-kit's attribute names; sizes
+``redelivery``    ``delivery_count`` and ``redelivered`` from ``ApproximateReceiveCount``
+``batching``      up to 10 entries per batch call, per queue
+``settlement``    batched deletes, visibility changes, copies; stale receipt handles
+``delivery``      :class:`SQSDelivery`: ack, retry, release, dead-letter, the lock's deadline
+``heartbeat``     extending the visibility of held deliveries; the 12-hour maximum
+``lanes``         FIFO message groups: one message of a group at a time, groups in parallel
+``subscription``  one queue's long-poll loop; broker duplicates
+``consumer``      :class:`SQSConsumer`: subscriptions, pause and resume, close
+``publisher``     :class:`SQSPublisher`: the relay's ``SendMessageBatch``
+================  ==================================================================================
+
+Mapping of the broker contract (``consumer_kit.broker``):
+
+===================  ===============================================================================
+contract             SQS
+===================  ===============================================================================
+peek-lock            the visibility timeout (the queue's, or ``visibility=`` in the URL), kept by
+                     the heartbeat until settlement, at most 12 hours from the receive
+ack                  ``DeleteMessage``, batched as ``DeleteMessageBatch``
+retry(delay)         standard: a copy with ``DelaySeconds`` (<= 900 s) and the deliveries so far, then
+                     delete; FIFO (or longer delays): ``ChangeMessageVisibility(delay)``
+release              standard: an uncounted copy, then delete; FIFO: ``ChangeMessageVisibility(0)``
+dead_letter          a copy to the DLQ (the redrive policy's target, else ``<queue>-dlq``) with
+                     ``x-dead-letter-reason``/``-detail`` attributes, then delete
+renew_lock           ``ChangeMessageVisibility`` (the heartbeat does it on its own as well)
+delivery count       ``ApproximateReceiveCount`` (+ earlier copies, - uncounted releases)
+redelivered          a receive count this adapter's own give-backs do not explain
+                     (:mod:`adapters.sqs.redelivery`: why copies on standard queues)
+message id           ``x-consumer-kit-message-id`` (the outbox event ID), else SQS's ``MessageId``
+ordering             FIFO ``MessageGroupId`` = the partition key, per-group lanes
+stable publish id    FIFO ``MessageDeduplicationId`` = the event ID, plus the message-id attribute
+size limit           the queue's ``MaximumMessageSize``, body plus attributes, checked before sending
+===================  ===============================================================================
+
+**The 5-minute FIFO deduplication window protects sends only**: SQS drops a second send with the
+same ``MessageDeduplicationId`` within 5 minutes (a relay that publishes an event again after a
+crash), nothing more. It does not stop a redelivery (a lapsed lock, a failed delete) nor a re-send
+after 5 minutes; the ledger answers those as duplicates.
+
+Entry points (``consumer_kit.brokers``, scheme ``sqs``): :func:`consumer_from_settings`,
+:func:`publisher_from_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.sqs.attributes import (
+    DEAD_LETTER_DETAIL_ATTRIBUTE,
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    DELIVERIES_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    ORIGINAL_QUEUE_ATTRIBUTE,
+    REDELIVERED_ATTRIBUTE,
+    attributes_for,
+    headers_of,
+)
+from adapters.sqs.client import SQSClient
+from adapters.sqs.config import SQSConfig
+from adapters.sqs.consumer import SQSConsumer
+from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.publisher import SQSPublisher
+from adapters.sqs.queues import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
+
+__all__ = [
+    "DEAD_LETTER_DETAIL_ATTRIBUTE",
+    "DEAD_LETTER_REASON_ATTRIBUTE",
+    "DELIVERIES_ATTRIBUTE",
+    "MESSAGE_ID_ATTRIBUTE",
+    "ORIGINAL_QUEUE_ATTRIBUTE",
+    "REDELIVERED_ATTRIBUTE",
+    "QueueInfo",
+    "SQSClient",
+    "SQSConfig",
+    "SQSConsumer",
+    "SQSDelivery",
+    "SQSPublisher",
+    "attributes_for",
+    "consumer_from_settings",
+    "dead_letter_name",
+    "headers_of",
+    "publisher_from_settings",
+    "recommended_max_receive_count",
+    "sqs_queue_name",
+]
+
+
+def consumer_from_settings(settings: Any) -> SQSConsumer:
+    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``consumer_kit.settings.Settings``
+    (``broker_url``, ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``,
+    ``handler_timeout``).
+
+    Raises:
+        ConfigurationError: the ``sqs://`` URL is invalid.
+    """
+    return SQSConsumer(
+        SQSConfig.from_url(settings.broker_url),
+        max_deliveries=settings.max_deliveries,
+        crash_limit=getattr(settings, "crash_limit", 3),
+        settle_timeout=settings.settle_timeout,
+        concurrency=getattr(settings, "concurrency", 8),
+        handler_timeout=settings.handler_timeout,
+    )
+
+
+def publisher_from_settings(settings: Any) -> SQSPublisher:
+    """Entry point ``consumer_kit.brokers: sqs``: a publisher for ``settings.broker_url``.
+
+    Raises:
+        ConfigurationError: the ``sqs://`` URL is invalid.
+    """
+    return SQSPublisher(SQSConfig.from_url(settings.broker_url))

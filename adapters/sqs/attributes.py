@@ -1,0 +1,163 @@
+"""Headers as SQS message attributes, the attribute names consumer-kit uses, and message sizes.
+
+SQS allows at most **10 message attributes** per message, each name 1 to 256 characters of
+``A-Z a-z 0-9 _ - .`` (not starting with ``AWS.`` or ``Amazon.``, no leading, trailing or doubled
+dot) and a non-empty value. Headers are written as ``String`` attributes, consumer-kit's own and
+the operation's first (:data:`PRIORITY`); whatever does not fit that way (an eleventh header, a
+name SQS does not allow, an empty value) travels in one ``x-consumer-kit-headers`` attribute
+holding a JSON object, which :func:`headers_of` unpacks again, so a handler sees the same headers
+on every broker.
+
+Size (SQS counts it against the queue's ``MaximumMessageSize``)::
+
+    message size = UTF-8 bytes of the body
+                 + for each attribute: bytes of its name + its data type + its value
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from consumer_kit.envelope import (
+    CORRELATION_ID_HEADER,
+    MESSAGE_TYPE_HEADER,
+    OPERATION_ID_HEADER,
+    TENANT_HEADER,
+)
+
+MAX_ATTRIBUTES = 10
+"""SQS's limit of message attributes per message."""
+
+MESSAGE_ID_ATTRIBUTE = "x-consumer-kit-message-id"
+"""The stable message id (the outbox event ID, or the producer's id) across copies: SQS gives
+every send a new ``MessageId``."""
+
+DELIVERIES_ATTRIBUTE = "x-consumer-kit-deliveries"
+"""On a retry or release copy: how many deliveries the message had before this copy."""
+
+REDELIVERED_ATTRIBUTE = "x-consumer-kit-redelivered"
+"""On a released copy of a delivery that was itself a redelivery: the copy stays a suspect."""
+
+PACKED_ATTRIBUTE = "x-consumer-kit-headers"
+"""JSON object of the headers that did not fit as attributes of their own."""
+
+DEAD_LETTER_REASON_ATTRIBUTE = "x-dead-letter-reason"
+DEAD_LETTER_DETAIL_ATTRIBUTE = "x-dead-letter-detail"
+ORIGINAL_QUEUE_ATTRIBUTE = "x-original-queue"
+
+DETAIL_MAX_CHARS = 1000
+"""``x-dead-letter-detail`` is cut to this many characters."""
+
+PRIORITY = (
+    DEAD_LETTER_REASON_ATTRIBUTE, MESSAGE_ID_ATTRIBUTE, DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE,
+    OPERATION_ID_HEADER, TENANT_HEADER, MESSAGE_TYPE_HEADER, CORRELATION_ID_HEADER,
+    ORIGINAL_QUEUE_ATTRIBUTE, DEAD_LETTER_DETAIL_ATTRIBUTE,
+)
+"""Headers that get attributes of their own first (then the rest, smallest first)."""
+
+NOT_COPIED = frozenset({DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE})
+"""Set on each copy by consumer-kit itself, never carried over from the delivery it copies."""
+
+_NAME = re.compile(r"^[A-Za-z0-9_\-.]{1,256}$")
+_STRING = "String"
+
+Attributes = dict[str, dict[str, Any]]
+"""``MessageAttributes`` as boto3 takes them: name -> ``{"DataType": ..., "StringValue": ...}``."""
+
+
+def is_valid_name(name: str) -> bool:
+    """True when SQS accepts ``name`` as a message attribute name (module docstring)."""
+    return (
+        bool(_NAME.match(name))
+        and not name.startswith((".", "AWS.", "Amazon.", "aws.", "amazon."))
+        and not name.endswith(".")
+        and ".." not in name
+    )
+
+
+def attributes_for(headers: Mapping[str, Any]) -> Attributes:
+    """``MessageAttributes`` carrying ``headers`` (values as strings), at most 10 of them; the
+    headers that do not fit go into one packed JSON attribute (module docstring)."""
+    plain = {str(k): _text(v) for k, v in headers.items() if v is not None}
+    own = [n for n in plain if is_valid_name(n) and plain[n] != "" and n != PACKED_ATTRIBUTE]
+    ranked = sorted(own, key=lambda n: (PRIORITY.index(n) if n in PRIORITY else len(PRIORITY), len(plain[n])))
+    if len(plain) > len(ranked) or len(ranked) > MAX_ATTRIBUTES:
+        separate, packed = ranked[: MAX_ATTRIBUTES - 1], [n for n in plain if n not in ranked[: MAX_ATTRIBUTES - 1]]
+    else:
+        separate, packed = ranked, []
+    attributes: Attributes = {n: {"DataType": _STRING, "StringValue": plain[n]} for n in separate}
+    if packed:
+        attributes[PACKED_ATTRIBUTE] = {
+            "DataType": _STRING,
+            "StringValue": json.dumps({n: plain[n] for n in packed}, separators=(",", ":")),
+        }
+    return attributes
+
+
+def headers_of(attributes: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The headers a received message carries: each attribute's value (``String``/``Number`` as
+    ``str``, ``Binary`` as ``bytes``), with the packed attribute unpacked."""
+    headers: dict[str, Any] = {}
+    packed: Mapping[str, Any] = {}
+    for name, attribute in (attributes or {}).items():
+        value = attribute.get("StringValue", attribute.get("BinaryValue"))
+        if name == PACKED_ATTRIBUTE and isinstance(value, str):
+            try:
+                loaded = json.loads(value)
+            except ValueError:
+                loaded = None
+            if isinstance(loaded, dict):
+                packed = loaded
+                continue
+        headers[name] = value
+    return {**packed, **headers}
+
+
+def size_of(body: str, attributes: Mapping[str, Mapping[str, Any]]) -> int:
+    """Bytes SQS counts for a message (formula in the module docstring)."""
+    size = len(body.encode("utf-8"))
+    for name, attribute in attributes.items():
+        value = attribute.get("StringValue", attribute.get("BinaryValue", b""))
+        value_size = len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8"))
+        size += len(name.encode("utf-8")) + len(str(attribute.get("DataType", "")).encode("utf-8")) + value_size
+    return size
+
+
+def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The headers a copy starts from: the delivery's, without the per-copy ones."""
+    return {k: v for k, v in headers.items() if k not in NOT_COPIED}
+
+
+def fit(
+    body: str, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str]
+) -> tuple[Attributes, list[str]]:
+    """Attributes for a copy of ``body`` with ``headers`` that fit ``limit`` bytes, and the names
+    of the headers left out to make it fit: first every header not in :data:`PRIORITY` (largest
+    first), then ``droppable`` in its order.
+
+    Raises:
+        ValueError: it does not fit even without them (the message names both sizes).
+    """
+    current = dict(headers)
+    order = sorted((n for n in current if n not in PRIORITY), key=lambda n: -len(_text(current[n])))
+    order += [n for n in droppable if n in current and n not in order]
+    dropped: list[str] = []
+    while True:
+        attributes = attributes_for(current)
+        size = size_of(body, attributes)
+        if size <= limit:
+            return attributes, dropped
+        if not order:
+            raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
+        name = order.pop(0)
+        del current[name]
+        dropped.append(name)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else str(value)

@@ -1,0 +1,262 @@
+"""The consuming side: one long-poll loop per queue, FIFO lanes, the heartbeat, pause and resume.
+
+* **Polling**: :mod:`adapters.sqs.subscription` (batch receive up to 10, long polling, broker
+  duplicates absorbed).
+* **Standard queues**: every delivery runs in a task of its own, at most ``prefetch`` held.
+* **FIFO queues**: deliveries go through their message group's lane (:mod:`adapters.sqs.lanes`).
+* **Peek-lock**: :mod:`adapters.sqs.heartbeat` extends every held delivery until it is settled.
+* **Pause / resume**: a paused consumer starts no new poll (pause does not wait for the one in
+  flight: what it brings is given back at once, uncounted); resume polls again.
+* **Stop / close**: ``stop_consuming`` ends the poll loops; ``close`` waits for the polls in
+  flight (at most the long-poll wait plus 15 s), cancels the deliveries still running (the
+  runtime releases them), gives back the held deliveries that never ran and closes the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from adapters.sqs.client import SQSClient
+from adapters.sqs.config import MAX_VISIBILITY_SECONDS, SQSConfig
+from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.heartbeat import Heartbeat
+from adapters.sqs.lanes import GroupLanes
+from adapters.sqs.queues import QueueDirectory, QueueInfo, recommended_max_receive_count
+from adapters.sqs.settlement import Settler
+from adapters.sqs.subscription import Subscription
+from consumer_kit.broker import Consumer, DeliveryCallback
+
+logger = logging.getLogger(__name__)
+
+_CLOSE_MARGIN = 15.0  # seconds a closing consumer waits beyond the long-poll wait
+
+
+class SQSConsumer(Consumer):
+    """Consume SQS standard and FIFO queues.
+
+    Args:
+        config: the parsed ``sqs://`` URL.
+        max_deliveries, crash_limit: the runtime's bounds; a queue whose redrive policy's
+            ``maxReceiveCount`` is not above them is warned about, and created queues get
+            :func:`~adapters.sqs.queues.recommended_max_receive_count`.
+        settle_timeout: seconds; the bound on each settlement.
+        concurrency: the worker's concurrency: sizes the client's threads and connection pool.
+        handler_timeout: the runtime's handler timeout in seconds, only checked against the
+            visibility timeout and the 12-hour maximum (WARNING).
+        client: an :class:`~adapters.sqs.client.SQSClient` to use (tests); default: its own.
+
+    Raises:
+        ValueError: on invalid arguments.
+
+    Attributes:
+        heartbeat: the visibility heartbeat (``extensions``, ``locks_lost``).
+        settler: the settlement calls (``deletes``, ``stale_receipts``, ``delete_retries``).
+    """
+
+    def __init__(
+        self,
+        config: SQSConfig,
+        *,
+        max_deliveries: int = 5,
+        crash_limit: int = 3,
+        settle_timeout: float = 10.0,
+        concurrency: int = 8,
+        handler_timeout: float | None = None,
+        client: SQSClient | None = None,
+    ) -> None:
+        if max_deliveries < 1 or crash_limit < 1 or concurrency < 1:
+            raise ValueError("max_deliveries, crash_limit and concurrency must be >= 1")
+        if settle_timeout <= 0:
+            raise ValueError("settle_timeout must be > 0 seconds")
+        self.config = config
+        self._owns_client = client is None
+        self.client = client or SQSClient(config, threads=concurrency + 2, pollers=4)
+        self._minimum_receives = max_deliveries + crash_limit
+        self._directory = QueueDirectory(
+            self.client, account_id=config.account_id, create_queues=config.create_queues,
+            max_receive_count=recommended_max_receive_count(max_deliveries, crash_limit),
+        )
+        self._settle_timeout = settle_timeout
+        self._handler_timeout = handler_timeout
+        self.settler = Settler(self.client)
+        self.heartbeat = Heartbeat(self.client, enabled=config.heartbeat)
+        self._subscriptions: dict[str, Subscription] = {}
+        self._lanes: dict[str, GroupLanes] = {}
+        self._pollers: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._releases: set[asyncio.Task[None]] = set()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._consuming = True
+        self._closed = False
+
+    @property
+    def ready(self) -> bool:
+        """True while the last poll of every queue worked (readiness)."""
+        return not self._closed and not any(s.failing for s in self._subscriptions.values())
+
+    @property
+    def receives(self) -> int:
+        return sum(s.receives for s in self._subscriptions.values())
+
+    @property
+    def duplicates_absorbed(self) -> int:
+        return sum(s.duplicates_absorbed for s in self._subscriptions.values())
+
+    def subscription(self, queue: str) -> Subscription:
+        return self._subscriptions[queue]
+
+    # -- Consumer API ------------------------------------------------------------------------
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        """Look up ``queue`` and its dead-letter queue (see :mod:`adapters.sqs.queues`) and start
+        polling it, holding at most ``prefetch`` deliveries.
+
+        Raises:
+            ValueError: ``queue`` is already subscribed or ``prefetch`` < 1.
+            RuntimeError: the consumer was stopped or closed.
+            LookupError: no such queue (and ``create_queues`` is off).
+            ConsumerKit ConfigurationError: the queue has no dead-letter queue.
+            botocore errors: SQS refused or did not answer.
+        """
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        if self._closed or not self._consuming:
+            raise RuntimeError("consumer is stopped")
+        if queue in self._subscriptions:
+            raise ValueError(f"queue {queue!r} is already subscribed")
+        info = await self._directory.lookup(queue, create=True)
+        dead_letters = await self._directory.dead_letter_queue(info)
+        visibility = self.config.visibility_timeout or info.visibility_timeout
+        self._check(queue, info, visibility)
+        subscription = Subscription(
+            queue, info, dead_letters, callback, prefetch,
+            client=self.client, settler=self.settler, heartbeat=self.heartbeat,
+            visibility=visibility, wait_seconds=self.config.wait_seconds,
+            settle_timeout=self._settle_timeout, wanted=self._wants_deliveries,
+            dispatch=self._dispatch, give_back=self._give_back,
+        )
+        self._subscriptions[queue] = subscription
+        if info.fifo:
+            self._lanes[queue] = GroupLanes(
+                lambda delivery: self._handle(subscription, delivery), self._release_now
+            )
+        task = asyncio.create_task(
+            subscription.poll_until_stopped(self._resumed), name=f"consumer-kit sqs poll {queue}"
+        )
+        self._pollers.add(task)
+        task.add_done_callback(self._pollers.discard)
+        logger.info(
+            "consuming queue=%s (%s, %s) prefetch=%s visibility=%ss heartbeat=%s dead letters to %s",
+            queue, info.name, "FIFO" if info.fifo else "standard", prefetch, visibility,
+            "on" if self.heartbeat.enabled else "off", dead_letters.name,
+        )
+
+    async def pause(self) -> None:
+        """Start no new poll until :meth:`resume`; held deliveries still settle. Idempotent."""
+        if self._resumed.is_set():
+            self._resumed.clear()
+            logger.info("paused consuming queues=%s", ",".join(self._subscriptions))
+
+    async def resume(self) -> None:
+        """Poll again after :meth:`pause`. Idempotent."""
+        if not self._resumed.is_set() and self._consuming:
+            self._resumed.set()
+            logger.info("resumed consuming queues=%s", ",".join(self._subscriptions))
+
+    async def stop_consuming(self) -> None:
+        """End the poll loops; held deliveries can still be settled."""
+        self._consuming = False
+        for subscription in self._subscriptions.values():
+            subscription.stop()
+        self._resumed.set()  # a paused loop wakes up to see it is stopped
+
+    async def close(self) -> None:
+        """Stop consuming, give back every held delivery (module docstring), close the client."""
+        if self._closed:
+            return
+        await self.stop_consuming()
+        if self._pollers:
+            await asyncio.wait(set(self._pollers), timeout=self.config.wait_seconds + _CLOSE_MARGIN)
+        self._closed = True
+        running = {*self._handlers, *(t for lanes in self._lanes.values() for t in lanes.tasks)}
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=self._settle_timeout)
+        for subscription in self._subscriptions.values():
+            for delivery in list(subscription.held.values()):
+                if delivery.settlement is None:
+                    self._give_back(delivery)
+        if self._releases:
+            await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
+        await self.heartbeat.close()
+        await self.settler.close()
+        for task in self._pollers:
+            task.cancel()
+        if self._owns_client:
+            await self.client.close()
+
+    # -- deliveries --------------------------------------------------------------------------
+
+    def _wants_deliveries(self) -> bool:
+        return self._consuming and self._resumed.is_set() and not self._closed
+
+    def _dispatch(self, subscription: Subscription, delivery: SQSDelivery) -> None:
+        lanes = self._lanes.get(subscription.queue)
+        if lanes is not None:
+            lanes.submit(delivery)
+            return
+        task = asyncio.create_task(self._handle(subscription, delivery))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, subscription: Subscription, delivery: SQSDelivery) -> None:
+        if not self._wants_deliveries():
+            await delivery.release()  # arrived while pausing or stopping: back, uncounted
+            return
+        try:
+            await subscription.callback(delivery)
+        except Exception:
+            logger.exception(
+                "callback failed (queue=%s message_id=%s); releasing the delivery",
+                delivery.queue, delivery.message_id,
+            )
+            if delivery.settlement is None:
+                await delivery.release()
+
+    def _give_back(self, delivery: SQSDelivery) -> None:
+        task = asyncio.create_task(self._release_now(delivery), name="consumer-kit sqs release")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    @staticmethod
+    async def _release_now(delivery: SQSDelivery) -> None:
+        await delivery.release()
+
+    def _check(self, queue: str, info: QueueInfo, visibility: int) -> None:
+        if info.redrive is None:
+            logger.warning(
+                "SQS queue %s has no redrive policy: a message whose dead-letter copy cannot be "
+                "sent keeps coming back (consumer-kit's own dead letters still go to the DLQ)",
+                info.name,
+            )
+        elif info.redrive.max_receive_count < self._minimum_receives:
+            logger.warning(
+                "SQS queue %s has maxReceiveCount=%s, not above max_deliveries + crash_limit=%s: SQS "
+                "may dead-letter a message before consumer-kit does (FIFO retries count receives)",
+                info.name, info.redrive.max_receive_count, self._minimum_receives,
+            )
+        timeout = self._handler_timeout
+        if timeout is not None and timeout >= MAX_VISIBILITY_SECONDS:
+            logger.warning(
+                "handler_timeout=%ss reaches SQS's 12-hour visibility maximum: a handler that long "
+                "loses its lock on queue=%s", timeout, queue,
+            )
+        elif timeout is not None and not self.heartbeat.enabled and timeout >= visibility:
+            logger.warning(
+                "heartbeat=off and handler_timeout=%ss is not below the visibility timeout of %ss "
+                "on queue=%s: a slow handler's message is handed out again while it runs",
+                timeout, visibility, queue,
+            )

@@ -1,0 +1,280 @@
+"""One SQS delivery under its visibility timeout, and how each settlement reaches SQS.
+
+=============  =====================================================================================
+settlement     on SQS
+=============  =====================================================================================
+ack            ``DeleteMessage`` (batched: :mod:`adapters.sqs.settlement`)
+retry(delay)   standard queue: a copy with ``DelaySeconds`` = ``ceil(delay)`` and
+               ``x-consumer-kit-deliveries = delivery_count``, then the original is deleted.
+               FIFO queue, a delay above 900 s, or a copy that does not fit:
+               ``ChangeMessageVisibility(ceil(delay))`` (remembered: :mod:`adapters.sqs.redelivery`)
+release        standard queue: a copy with ``x-consumer-kit-deliveries = delivery_count - 1``
+               (uncounted) and ``x-consumer-kit-redelivered`` for a suspect, then the original is
+               deleted. FIFO queue: ``ChangeMessageVisibility(0)``, remembered as uncounted
+dead_letter    a copy to the dead-letter queue (:mod:`adapters.sqs.queues`) with
+               ``x-dead-letter-reason``, ``x-dead-letter-detail``, ``x-original-queue`` and
+               ``x-consumer-kit-deliveries``, then the original is deleted. SQS's redrive cannot
+               carry a reason, so consumer-kit always sends the copy itself
+=============  =====================================================================================
+
+A copy that does not fit the target's ``MaximumMessageSize`` loses headers first (any that are
+not consumer-kit's or the operation's, then the dead-letter detail, ...; never the reason); one
+that still does not fit is never sent: retry and release fall back to ``ChangeMessageVisibility``,
+and a dead letter gives the message back (visibility 0, ``lost``) for the queue's redrive policy
+to move after ``maxReceiveCount`` receives (logged at ERROR: without a redrive policy it keeps
+coming back).
+
+**The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
+the visibility timeout, moved by each extension (:mod:`adapters.sqs.heartbeat`). Past that
+(less a margin of 10 % of the timeout, at most 1 s) nothing is settled any more: SQS may have
+handed the message to someone else, so an ack would delete a message another worker holds.
+Such a settlement raises :class:`~adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
+the message comes back (or already came back) and the ledger answers it as a duplicate.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from adapters.sqs.attributes import (
+    DEAD_LETTER_DETAIL_ATTRIBUTE,
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    DELIVERIES_ATTRIBUTE,
+    DETAIL_MAX_CHARS,
+    MESSAGE_ID_ATTRIBUTE,
+    ORIGINAL_QUEUE_ATTRIBUTE,
+    REDELIVERED_ATTRIBUTE,
+    copy_headers,
+    fit,
+    headers_of,
+)
+from adapters.sqs.config import MAX_VISIBILITY_SECONDS
+from adapters.sqs.queues import QueueInfo
+from adapters.sqs.redelivery import GIVE_BACKS
+from adapters.sqs.settlement import LockLost, Settler
+from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.envelope import CORRELATION_ID_HEADER
+
+logger = logging.getLogger(__name__)
+
+MAX_DELAY_SECONDS = 900
+"""SQS's longest ``DelaySeconds`` of a send: longer retries change the visibility instead."""
+
+DEFAULT_GROUP = "consumer-kit"
+"""``MessageGroupId`` of a FIFO copy or event that has no partition key."""
+
+
+class SQSDelivery(Delivery):
+    """One received SQS message (settlement table in the module docstring).
+
+    ``message_id`` is the ``x-consumer-kit-message-id`` attribute (the outbox event ID, kept on
+    every copy) or SQS's ``MessageId``; ``delivery_count`` and ``redelivered`` follow
+    :mod:`adapters.sqs.redelivery`; ``enqueued_at`` is ``SentTimestamp``; ``partition_key`` is the
+    FIFO ``MessageGroupId``; ``correlation_id`` is the ``correlation-id`` attribute.
+
+    Args:
+        raw: one message of a ``ReceiveMessage`` reply.
+        queue: the consumer-kit queue name it was subscribed as.
+        info: the queue it came from.
+        dead_letters: where its dead letters go.
+        settler: the consumer's settlement calls.
+        requested_at: ``time.monotonic()`` when the receive was sent (the lock's start).
+        visibility: seconds of peek-lock the receive asked for (and each extension gives).
+        settle_timeout: seconds; the bound the base class puts on each settlement.
+        renew: extends the lock now (the heartbeat's); ``False`` when it is lost.
+        on_settled: told once the delivery is settled, whatever the outcome.
+    """
+
+    def __init__(
+        self,
+        raw: dict[str, Any],
+        *,
+        queue: str,
+        info: QueueInfo,
+        dead_letters: QueueInfo,
+        settler: Settler,
+        requested_at: float,
+        visibility: int,
+        settle_timeout: float,
+        renew: Callable[[SQSDelivery], Awaitable[bool]],
+        on_settled: Callable[[SQSDelivery], None],
+    ) -> None:
+        system = raw.get("Attributes", {})
+        headers = headers_of(raw.get("MessageAttributes"))
+        self.sqs_message_id = str(raw["MessageId"])
+        self.receive_count = int(system.get("ApproximateReceiveCount", 1))
+        delivery_count, redelivered = GIVE_BACKS.judge(
+            info.url, self.sqs_message_id,
+            receive_count=self.receive_count,
+            earlier=_as_int(headers.get(DELIVERIES_ATTRIBUTE)),
+            copied_suspect=REDELIVERED_ATTRIBUTE in headers,
+        )
+        sent = system.get("SentTimestamp")
+        correlation = headers.get(CORRELATION_ID_HEADER)
+        self._text = str(raw.get("Body", ""))
+        super().__init__(
+            queue=queue,
+            message_id=str(headers.get(MESSAGE_ID_ATTRIBUTE) or self.sqs_message_id),
+            headers=headers,
+            body=self._text.encode("utf-8"),
+            delivery_count=delivery_count,
+            redelivered=redelivered,
+            correlation_id=correlation if isinstance(correlation, str) else None,
+            partition_key=system.get("MessageGroupId"),
+            enqueued_at=dt.datetime.fromtimestamp(int(sent) / 1000, dt.UTC) if sent else None,
+            settle_timeout=settle_timeout,
+        )
+        self.queue_url = info.url
+        self.receipt_handles = [str(raw["ReceiptHandle"])]
+        self.requested_at = requested_at
+        self.visibility = visibility
+        self.visible_until = requested_at + visibility
+        self.lock_lost = False
+        self._info = info
+        self._dead_letters = dead_letters
+        self._settler = settler
+        self._renew = renew
+        self._on_settled = on_settled
+
+    # -- the lock ----------------------------------------------------------------------------
+
+    @property
+    def holds_lock(self) -> bool:
+        """True while the visibility timeout, less its margin, has not lapsed (module docstring)."""
+        margin = min(1.0, 0.1 * self.visibility)
+        return not self.lock_lost and time.monotonic() < self.visible_until - margin
+
+    def seconds_left_of_12_hours(self) -> int:
+        """Whole seconds the visibility may still be extended to (SQS's 12 hours from the receive,
+        less 1 s)."""
+        return int(MAX_VISIBILITY_SECONDS - (time.monotonic() - self.requested_at) - 1)
+
+    def _ensure_lock(self) -> None:
+        if not self.holds_lock:
+            self.lock_lost = True
+            raise LockLost(
+                f"the visibility of queue={self.queue} message_id={self.message_id} lapsed before "
+                "its settlement"
+            )
+
+    async def _renew_lock(self) -> bool:
+        return await self._renew(self)
+
+    # -- settlement --------------------------------------------------------------------------
+
+    async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
+        first = self.settlement is None
+        try:
+            await super()._settle(how, hook)
+        finally:
+            if first:
+                self._on_settled(self)
+
+    async def _ack(self) -> None:
+        self._ensure_lock()
+        await self._settler.delete(self)
+
+    async def _retry(self, delay: float) -> None:
+        self._ensure_lock()
+        seconds = math.ceil(delay)
+        if not self._info.fifo and seconds <= MAX_DELAY_SECONDS:
+            headers = copy_headers(self.headers)
+            headers[DELIVERIES_ATTRIBUTE] = self.delivery_count
+            if await self._copy_then_delete(self._info, headers, seconds, "retry"):
+                return
+        await self._give_back(seconds, uncounted=False)
+
+    async def _release(self) -> None:
+        self._ensure_lock()
+        if not self._info.fifo:
+            headers = copy_headers(self.headers)
+            headers[DELIVERIES_ATTRIBUTE] = self.delivery_count - 1  # this delivery does not count
+            if self.redelivered:
+                headers[REDELIVERED_ATTRIBUTE] = 1
+            if await self._copy_then_delete(self._info, headers, 0, "release"):
+                return
+        await self._give_back(0, uncounted=True)
+
+    async def _dead_letter(self, reason: str, detail: str) -> None:
+        self._ensure_lock()
+        headers = copy_headers(self.headers)
+        headers[DEAD_LETTER_REASON_ATTRIBUTE] = reason[:256]
+        headers[DEAD_LETTER_DETAIL_ATTRIBUTE] = detail[:DETAIL_MAX_CHARS]
+        headers[ORIGINAL_QUEUE_ATTRIBUTE] = self.queue
+        headers[DELIVERIES_ATTRIBUTE] = self.delivery_count
+        headers[MESSAGE_ID_ATTRIBUTE] = self.message_id
+        droppable = (DEAD_LETTER_DETAIL_ATTRIBUTE, ORIGINAL_QUEUE_ATTRIBUTE, DELIVERIES_ATTRIBUTE,
+                     MESSAGE_ID_ATTRIBUTE)
+        if await self._copy_then_delete(self._dead_letters, headers, 0, "dead_letter", droppable):
+            return
+        logger.error(
+            "dead-letter copy of queue=%s message_id=%s (reason %s) does not fit %s; giving it back "
+            "for the queue's redrive policy (%s)",
+            self.queue, self.message_id, reason, self._dead_letters.name,
+            f"maxReceiveCount {self._info.redrive.max_receive_count}" if self._info.redrive
+            else "none: it will keep coming back",
+        )
+        await self._give_back(0, uncounted=False)
+        self.lost = True
+
+    async def _abandon(self) -> None:
+        if self.holds_lock:  # make it come back now rather than when the lock lapses
+            await self._settler.change_visibility(self, 0)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _give_back(self, seconds: int, *, uncounted: bool) -> None:
+        """``ChangeMessageVisibility`` to ``seconds`` (at most what is left of the 12 hours),
+        remembered so that the next receive is not taken for a redelivery."""
+        seconds = max(0, min(seconds, self.seconds_left_of_12_hours()))
+        await self._settler.change_visibility(self, seconds)
+        GIVE_BACKS.remember(
+            self.queue_url, self.sqs_message_id, receive_count=self.receive_count,
+            uncounted=uncounted, suspect=self.redelivered and uncounted,
+        )
+
+    async def _copy_then_delete(
+        self, target: QueueInfo, headers: dict[str, Any], delay: int, why: str,
+        droppable: Iterable[str] = (),
+    ) -> bool:
+        """Send a copy with ``headers`` to ``target``, then delete the original. ``False`` when
+        the copy does not fit ``target``'s ``MaximumMessageSize`` (nothing sent, logged)."""
+        try:
+            attributes, dropped = fit(self._text, headers, target.max_message_size, droppable=droppable)
+        except ValueError as exc:
+            logger.warning(
+                "%s copy to %s not sent: %s (queue=%s message_id=%s)",
+                why, target.name, exc, self.queue, self.message_id,
+            )
+            return False
+        if dropped:
+            logger.warning(
+                "%s copy to %s left out %s header(s) to fit %s bytes: %s (queue=%s message_id=%s)",
+                why, target.name, len(dropped), target.max_message_size, ",".join(dropped)[:300],
+                self.queue, self.message_id,
+            )
+        params: dict[str, Any] = {"MessageBody": self._text, "MessageAttributes": attributes}
+        if delay > 0:
+            params["DelaySeconds"] = delay
+        if target.fifo:
+            params["MessageGroupId"] = self.partition_key or DEFAULT_GROUP
+            params["MessageDeduplicationId"] = f"{self.sqs_message_id}-{why}"
+        copy_id = await self._settler.send(target.url, params)
+        logger.debug(
+            "%s copy %s sent to %s (queue=%s message_id=%s delivery_count=%s)",
+            why, copy_id, target.name, self.queue, self.message_id, self.delivery_count,
+        )
+        await self._settler.delete(self)
+        return True
+
+
+def _as_int(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0

@@ -1,0 +1,164 @@
+"""One subscribed queue: its long-poll loop and the deliveries it holds.
+
+Each poll asks for ``min(10, prefetch - held)`` messages (none while ``prefetch`` are held) with
+``WaitTimeSeconds``, ``VisibilityTimeout``, ``MessageAttributeNames=["All"]`` and
+``MessageSystemAttributeNames`` ``ApproximateReceiveCount``, ``SentTimestamp`` and
+``MessageGroupId``. A poll that fails (SQS unreachable, throttled) is logged once per outage and
+retried with backoff (0.1 s doubling to 5 s); the consumer is not ready meanwhile.
+
+**The same message twice.** Standard queues deliver at least once: one reply, or two polls, may
+carry the same ``MessageId`` again. Received while an earlier delivery of it is held *and that
+delivery's lock is still ours*, it is a broker duplicate: its receipt handle joins the held
+delivery (settlements use every handle; the newest is the one SQS honours) and it is not handed
+out again (``duplicates_absorbed``). Received after the earlier delivery's lock lapsed, the earlier
+delivery has lost its lock (it will not ack) and the new one is handed out as a redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from adapters.sqs.client import SQSClient
+from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.errors import describe
+from adapters.sqs.heartbeat import Heartbeat
+from adapters.sqs.queues import QueueInfo
+from adapters.sqs.settlement import Settler
+from consumer_kit.broker import DeliveryCallback
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
+
+
+class Subscription:
+    """One queue, polled by a task of its own.
+
+    Args:
+        queue: the consumer-kit queue name.
+        info: the SQS queue; ``dead_letters``: its dead-letter queue.
+        callback: the worker's delivery callback.
+        prefetch: the most deliveries held at once.
+        client, settler, heartbeat: the consumer's.
+        visibility: seconds of peek-lock asked on each receive.
+        wait_seconds: ``WaitTimeSeconds`` of each poll.
+        settle_timeout: seconds; passed to each delivery.
+        wanted: whether the consumer wants deliveries now (not paused, not stopping).
+        dispatch: hands a new delivery to the worker (directly, or through its FIFO lane).
+        give_back: releases a delivery that arrived while not ``wanted``.
+
+    Attributes:
+        held: unsettled deliveries by SQS ``MessageId``.
+        receives: messages received; ``duplicates_absorbed``: of them, broker duplicates.
+        failing: the last poll failed.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        info: QueueInfo,
+        dead_letters: QueueInfo,
+        callback: DeliveryCallback,
+        prefetch: int,
+        *,
+        client: SQSClient,
+        settler: Settler,
+        heartbeat: Heartbeat,
+        visibility: int,
+        wait_seconds: int,
+        settle_timeout: float,
+        wanted: Callable[[], bool],
+        dispatch: Callable[[Subscription, SQSDelivery], None],
+        give_back: Callable[[SQSDelivery], None],
+    ) -> None:
+        self.queue, self.info, self.dead_letters = queue, info, dead_letters
+        self.callback, self.prefetch = callback, prefetch
+        self._client, self._settler, self._heartbeat = client, settler, heartbeat
+        self.visibility, self._wait_seconds, self._settle_timeout = visibility, wait_seconds, settle_timeout
+        self._wanted, self._dispatch, self._give_back = wanted, dispatch, give_back
+        self.held: dict[str, SQSDelivery] = {}
+        self._room = asyncio.Event()
+        self._room.set()
+        self.receives = 0
+        self.duplicates_absorbed = 0
+        self.failing = False
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Poll no more (the poll in flight finishes; what it brings is given back)."""
+        self._stopping = True
+        self._room.set()
+
+    async def poll_until_stopped(self, resumed: asyncio.Event) -> None:
+        """The poll loop: wait until resumed and there is room, receive, accept, repeat."""
+        failures = 0
+        while not self._stopping:
+            await resumed.wait()
+            room = self.prefetch - len(self.held)
+            if room <= 0:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            requested_at = time.monotonic()
+            try:
+                reply = await self._client.poll(
+                    QueueUrl=self.info.url,
+                    MaxNumberOfMessages=min(10, room),
+                    WaitTimeSeconds=self._wait_seconds,
+                    VisibilityTimeout=self.visibility,
+                    MessageAttributeNames=["All"],
+                    MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
+                )
+            except Exception as exc:  # noqa: BLE001 - an outage: back off and poll again
+                failures += 1
+                if not self.failing:
+                    logger.warning("receive from queue=%s failed (%s); retrying", self.queue, describe(exc))
+                self.failing = True
+                await asyncio.sleep(min(5.0, 0.1 * 2 ** (failures - 1)))
+                continue
+            if self.failing:
+                logger.info("receive from queue=%s works again", self.queue)
+            self.failing, failures = False, 0
+            for raw in reply.get("Messages", []):
+                self.accept(raw, requested_at)
+
+    def accept(self, raw: dict[str, Any], requested_at: float) -> SQSDelivery | None:
+        """Take one received message: absorb a broker duplicate, else make a delivery, hold it
+        and dispatch it (or give it back when not wanted). Returns the new delivery, if any."""
+        self.receives += 1
+        sqs_message_id = str(raw["MessageId"])
+        earlier = self.held.get(sqs_message_id)
+        if earlier is not None and earlier.settlement is None and earlier.holds_lock:
+            earlier.receipt_handles.append(str(raw["ReceiptHandle"]))
+            self.duplicates_absorbed += 1
+            logger.info(
+                "queue=%s message_id=%s received again while held: a broker duplicate, not handed "
+                "out again", self.queue, earlier.message_id,
+            )
+            return None
+        if earlier is not None:
+            earlier.lock_lost = True  # SQS handed it out again: the earlier lock is gone
+        delivery = SQSDelivery(
+            raw,
+            queue=self.queue, info=self.info, dead_letters=self.dead_letters, settler=self._settler,
+            requested_at=requested_at, visibility=self.visibility, settle_timeout=self._settle_timeout,
+            renew=self._heartbeat.renew, on_settled=self._settled,
+        )
+        self.held[sqs_message_id] = delivery
+        self._heartbeat.hold(delivery)
+        if self._wanted() and not self._stopping:
+            self._dispatch(self, delivery)
+        else:
+            self._give_back(delivery)
+        return delivery
+
+    def _settled(self, delivery: SQSDelivery) -> None:
+        self._heartbeat.drop(delivery)
+        if self.held.get(delivery.sqs_message_id) is delivery:
+            del self.held[delivery.sqs_message_id]
+        self._room.set()
+
