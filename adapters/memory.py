@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -169,7 +169,14 @@ class MemoryBroker:
 class MemoryDelivery(Delivery):
     """A delivery from :class:`MemoryBroker`, locked until settled or until the lock expires."""
 
-    def __init__(self, broker: MemoryBroker, queue: str, message: StoredMessage) -> None:
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        queue: str,
+        message: StoredMessage,
+        *,
+        held: Callable[[], bool] | None = None,
+    ) -> None:
         message.deliveries += 1
         super().__init__(
             queue=queue,
@@ -181,6 +188,7 @@ class MemoryDelivery(Delivery):
         )
         self._broker = broker
         self._message = message
+        self._held = held or (lambda: False)
         self._lock_expired = False
         self._lock_timer = self._arm_lock()
 
@@ -188,9 +196,13 @@ class MemoryDelivery(Delivery):
         return asyncio.get_running_loop().call_later(self._broker.lock_timeout, self._expire_lock)
 
     def _expire_lock(self) -> None:
-        if self.settlement is None:
-            logger.info("lock expired queue=%s message_id=%s: redelivering", self.queue, self.message_id)
-            self._redeliver()
+        if self.settlement is not None:
+            return
+        if self._held():  # the consumer still works on it: renewed, as the SDKs' lock renewers do
+            self._lock_timer = self._arm_lock()
+            return
+        logger.info("lock expired queue=%s message_id=%s: redelivering", self.queue, self.message_id)
+        self._redeliver()
 
     def _redeliver(self) -> None:
         """Give the message back as a redelivery (the hand-over ended without a settlement)."""
@@ -237,10 +249,19 @@ class MemoryDelivery(Delivery):
 
 class MemoryConsumer(Consumer):
     """Consumes from a :class:`MemoryBroker` with at most ``prefetch`` deliveries in flight;
-    :meth:`pause` stops handing out deliveries until :meth:`resume`."""
+    :meth:`pause` stops handing out deliveries until :meth:`resume`.
 
-    def __init__(self, broker: MemoryBroker) -> None:
+    Args:
+        broker: the broker.
+        renew_locks: renew the lock of every delivery whose callback is still running (as the
+            SQS and Service Bus adapters do), so only a delivery whose callback ended without
+            settling it (a crash point fired) is redelivered when its lock expires. ``False``
+            lets locks lapse under a long handler (to test lost locks).
+    """
+
+    def __init__(self, broker: MemoryBroker, *, renew_locks: bool = True) -> None:
         self.broker = broker
+        self.renew_locks = renew_locks
         self._pumps: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._running = asyncio.Event()
@@ -256,11 +277,17 @@ class MemoryConsumer(Consumer):
         slots = asyncio.Semaphore(prefetch)
         while True:
             await slots.acquire()
-            delivery = MemoryDelivery(self.broker, queue, await self._next(q))
+            running: list[asyncio.Task[None]] = []
+            delivery = MemoryDelivery(self.broker, queue, await self._next(q), held=self._held(running))
             task: asyncio.Task[None] = asyncio.ensure_future(callback(delivery))
+            running.append(task)
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
             task.add_done_callback(lambda _t: slots.release())
+
+    def _held(self, running: list[asyncio.Task[None]]) -> Callable[[], bool]:
+        """Whether a delivery's callback (the task in ``running``) still works on it."""
+        return lambda: self.renew_locks and bool(running) and not running[0].done()
 
     async def _next(self, q: _Queue) -> StoredMessage:
         """The next ready message of ``q``, waiting while paused or empty."""
@@ -270,6 +297,11 @@ class MemoryConsumer(Consumer):
                 return q.ready.popleft()
             q.available.clear()
             await q.available.wait()
+
+    async def declare(self, queue: str) -> list[str]:
+        """Create ``queue`` (and its dead-letter list) on the in-process broker."""
+        self.broker.queue(queue)
+        return [queue]
 
     async def pause(self) -> None:
         self._running.clear()
@@ -292,6 +324,12 @@ class MemoryPublisher(Publisher):
 
     def __init__(self, broker: MemoryBroker) -> None:
         self.broker = broker
+
+    async def connect(self) -> None:
+        """Nothing to open: the broker lives in this process."""
+
+    async def declare(self, destination: str) -> None:
+        """Nothing to create: a destination exists once something binds to it."""
 
     async def publish(self, message: OutgoingMessage) -> None:
         self.broker._route(message)

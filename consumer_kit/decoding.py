@@ -7,17 +7,22 @@ touched the database yet.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from consumer_kit import strict_json
 from consumer_kit.app import App
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, Envelope
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from consumer_kit.handler import Handler
-from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, fingerprint, normalize_key
+from consumer_kit.identity import (
+    MAX_SCOPE_PART_LENGTH,
+    OperationIdentity,
+    UnsupportedNumber,
+    normalize_key,
+)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a larger body is dead-lettered as invalid_json before parsing
 
@@ -35,19 +40,16 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
     """Route, parse and validate ``body`` and compute scope, key and fingerprint.
 
     Raises:
-        InvalidMessage: with the specific dead-letter reason (``invalid_json``, ``schema_mismatch``,
-            ``missing_operation_key``, ``invalid_operation_key``, ``invalid_header``,
-            ``unknown_message_type``).
+        InvalidMessage: with the specific dead-letter reason (``invalid_json``, ``invalid_number``,
+            ``schema_mismatch``, ``missing_operation_key``, ``invalid_operation_key``,
+            ``invalid_header``, ``unknown_message_type``).
     """
     handler = route(app, queue, envelope)
     if len(body) > MAX_BODY_BYTES:
         raise InvalidMessage(
             DeadLetterReason.INVALID_JSON, f"body is {len(body)} bytes (max {MAX_BODY_BYTES})"
         )
-    try:
-        raw = json.loads(body)  # bytes: UTF-8/16/32 detected per RFC 8259
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InvalidMessage(DeadLetterReason.INVALID_JSON, f"{type(exc).__name__} at body") from None
+    raw = strict_json.loads(body)  # RFC 8259 with one meaning, or invalid_json / invalid_number
     try:
         message = handler.model.model_validate(raw)
     except ValidationError as exc:
@@ -60,9 +62,12 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
     if len(tenant) > MAX_SCOPE_PART_LENGTH:
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
     try:
-        message_fingerprint = fingerprint(message, handler.fingerprint_exclude)
-    except UnicodeEncodeError:  # "\ud800" is valid JSON syntax but not Unicode (RFC 8259 8.2)
-        raise InvalidMessage(DeadLetterReason.INVALID_JSON, "body holds a lone surrogate") from None
+        message_fingerprint = handler.fingerprint_under(message, handler.projection_version)
+    except UnsupportedNumber as exc:  # e.g. "NaN" or "1E+5000" in a string, read as a number
+        raise InvalidMessage(DeadLetterReason.INVALID_NUMBER, str(exc)) from None
+    except UnicodeEncodeError:  # a surrogate a validator produced: not Unicode (RFC 8259 8.2)
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, "a value holds a lone surrogate") from None
+    assert message_fingerprint is not None  # the current version is always known
     identity = OperationIdentity(
         tenant=tenant,
         operation_type=handler.operation_type,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +22,20 @@ class Envelope:
         queue: the queue it came from.
         message_id: broker message id, or ``None``.
         headers: application headers as the broker gave them.
-        delivery_count: 1-based count of deliveries of this message.
+        delivery_count: 1-based count of deliveries of this message (informational).
+        correlation_property: the broker's own correlation-id property (AMQP ``correlation_id``,
+            Service Bus ``correlation_id``), where the producer set it.
+        partition_key: the broker's ordering key (SQS FIFO group, Service Bus session), or ``None``.
+        enqueued_at: when the broker accepted the message (aware UTC), where it says.
     """
 
     queue: str
     message_id: str | None
     headers: Mapping[str, Any]
     delivery_count: int
+    correlation_property: str | None = None
+    partition_key: str | None = None
+    enqueued_at: dt.datetime | None = None
 
     def header(self, name: str) -> Any:
         """A header's value (case-insensitive name), or ``None``."""
@@ -46,5 +54,8 @@ class Envelope:
 
     @property
     def correlation_id(self) -> str | None:
+        """The broker's correlation-id property when set, else header ``correlation-id``."""
+        if self.correlation_property:
+            return self.correlation_property
         value = self.header(CORRELATION_ID_HEADER)
-        return value if isinstance(value, str) else None
+        return value if isinstance(value, str) and value else None

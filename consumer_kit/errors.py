@@ -36,6 +36,11 @@ class PermanentFailure(ConsumerKitError):
         self.detail = detail[:2000]
 
 
+class ContextSealed(ConsumerKitError):
+    """``ctx.publish`` after ``handle()`` returned (a background task, a callback): the delivery's
+    transaction is over, so the event cannot be written with it."""
+
+
 class InvalidMessage(ConsumerKitError):
     """A delivery cannot be processed as sent; it is dead-lettered with ``reason``."""
 
@@ -56,7 +61,8 @@ class SimulatedCrash(BaseException):
 class DeadLetterReason(enum.StrEnum):
     """Machine-readable dead-letter reasons (header ``x-dead-letter-reason``)."""
 
-    INVALID_JSON = "invalid_json"
+    INVALID_JSON = "invalid_json"  # not RFC 8259 JSON in UTF-8, or without one meaning
+    INVALID_NUMBER = "invalid_number"  # a number the runtime cannot hold or compare by value
     SCHEMA_MISMATCH = "schema_mismatch"
     MISSING_OPERATION_KEY = "missing_operation_key"
     INVALID_OPERATION_KEY = "invalid_operation_key"

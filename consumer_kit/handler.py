@@ -29,8 +29,8 @@ from psycopg import AsyncConnection
 from pydantic import BaseModel
 
 from consumer_kit.envelope import DEFAULT_TENANT, TENANT_HEADER, Envelope
-from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
+from consumer_kit.identity import OperationIdentity, fingerprint_of
 from consumer_kit.outbox import PendingEvent, pending_event
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,6 +66,12 @@ class Context:
     operation: OperationIdentity
     envelope: Envelope
     events: list[PendingEvent] = field(default_factory=list)
+    sealed: bool = False
+
+    def seal(self) -> None:
+        """Called by the runtime when ``handle()`` returned: the delivery's transaction is being
+        completed, so nothing can be added to it any more."""
+        self.sealed = True
 
     async def publish(
         self,
@@ -94,8 +100,16 @@ class Context:
             The event ID (UUID): the broker message id on every publish attempt.
 
         Raises:
-            ValueError: empty destination.
+            ValueError: empty destination, or headers over the outbox's limit.
+            ContextSealed: ``handle()`` has already returned (e.g. a background task publishing
+                late): the event could not be written with the delivery's transaction.
         """
+        if self.sealed:
+            raise ContextSealed(
+                f"ctx.publish({type(event).__name__}) after handle() returned for operation "
+                f"{self.operation.scope}/{self.operation.key}: the delivery's transaction is over, "
+                "so the event would be lost; await every publish inside handle()"
+            )
         pending = pending_event(
             destination=destination,
             routing_key=routing_key,
@@ -118,9 +132,16 @@ class Handler(Generic[M]):
 
     Class attributes:
         operation_type: what the operation does, e.g. ``"invoice.create"`` (required).
-        fingerprint_exclude: fields left out of the fingerprint (volatile: timestamps, trace ids).
+        fingerprint_exclude: fields left out of the fingerprint (volatile: timestamps, trace ids),
+            in pydantic's ``exclude`` syntax (a set of names or a nested mapping).
         version: part of the scope; bump it when the meaning of keys changes.
         projection_version: bump when the intent projection changes (stored with the fingerprint).
+        earlier_projections: ``{version: fingerprint_exclude of that version}`` for every earlier
+            ``projection_version`` whose operations may still be redelivered or replayed: a message
+            whose operation was recorded under an earlier version is compared under that version
+            (same intent: duplicate; another: payload conflict). Without it the intents cannot be
+            compared, and such a message is dead-lettered as ``needs_reconciliation``, never acked
+            as a duplicate. Override :meth:`projection` for changes an exclude set cannot say.
         message_type: name matched against header ``message-type`` when several handlers share a
             queue; defaults to the model's class name.
         key_from_message_id: fall back to the broker message id when no ``operation-id`` header is
@@ -131,6 +152,7 @@ class Handler(Generic[M]):
     fingerprint_exclude: ClassVar[Any] = None
     version: ClassVar[int] = 1
     projection_version: ClassVar[int] = 1
+    earlier_projections: ClassVar[Mapping[int, Any]] = {}
     message_type: ClassVar[str | None] = None
     key_from_message_id: ClassVar[bool] = False
     model: ClassVar[type[BaseModel]]
@@ -154,6 +176,38 @@ class Handler(Generic[M]):
             )
         if not inspect.iscoroutinefunction(type(self).handle):
             raise ConfigurationError(f"{type(self).__name__}.handle must be `async def`")
+        stale = [v for v in type(self).earlier_projections if v >= type(self).projection_version]
+        if stale:
+            raise ConfigurationError(
+                f"{type(self).__name__}.earlier_projections names versions {stale}, not below "
+                f"projection_version {type(self).projection_version}"
+            )
+
+    def projection(self, message: M, version: int) -> Any:
+        """The intent projection of ``message`` under projection ``version``: what its fingerprint
+        covers (by default the message without that version's ``fingerprint_exclude``), or
+        ``None`` when this handler does not know that version.
+
+        Override it for projection changes an exclude set cannot express (a renamed field, a unit
+        change); keep every version that recorded operations you may still receive.
+        """
+        if version == type(self).projection_version:
+            exclude = type(self).fingerprint_exclude
+        elif version in type(self).earlier_projections:
+            exclude = type(self).earlier_projections[version]
+        else:
+            return None
+        return message.model_dump(mode="python", exclude=exclude)
+
+    def fingerprint_under(self, message: M, version: int) -> str | None:
+        """SHA-256 (hex) of ``message``'s projection under ``version``, or ``None`` when this
+        handler does not know that version.
+
+        Raises:
+            UnsupportedNumber: the projection holds NaN, an infinity or an extreme number.
+        """
+        projected = self.projection(message, version)
+        return None if projected is None else fingerprint_of(projected)
 
     def operation_key(self, message: M, envelope: Envelope) -> str | None:
         """The stable operation key. Default: header ``operation-id``, else (opt-in) the broker

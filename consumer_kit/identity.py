@@ -27,6 +27,10 @@ from pydantic import BaseModel
 
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 
+MAX_NUMBER_DIGITS = 1000
+"""Largest number the fingerprint compares by value: at most this many digits, and a decimal
+exponent within +/- this many places (``Decimal("1E+5000")`` is refused)."""
+
 MAX_KEY_LENGTH = 512  # characters; a longer key is rejected, never truncated (truncation merges keys)
 MAX_SCOPE_PART_LENGTH = 200
 
@@ -84,18 +88,45 @@ def normalize_key(raw: object, *, what: str = "operation key") -> str:
     return key
 
 
+class UnsupportedNumber(ValueError):
+    """A number the fingerprint cannot compare by value: NaN or an infinity (NaN is not even
+    equal to itself), or beyond :data:`MAX_NUMBER_DIGITS`."""
+
+
 def canonical_json(value: Any) -> str:
-    """Serialise ``value`` canonically (see module docstring). Raises ``TypeError`` on an
-    unsupported type."""
+    """Serialise ``value`` canonically (see module docstring).
+
+    Raises:
+        TypeError: an unsupported type.
+        UnsupportedNumber: NaN, an infinity, or a number beyond :data:`MAX_NUMBER_DIGITS`.
+    """
     parts: list[str] = []
     _emit(value, parts)
     return "".join(parts)
 
 
+_MAX_INT_BITS = math.ceil(MAX_NUMBER_DIGITS * math.log2(10))
+# normalize() rounds to the context's precision (28 digits by default): use one that holds every
+# number allowed above, so two different numbers never normalise to one.
+_EXACT = decimal.Context(prec=MAX_NUMBER_DIGITS + 1, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
 def fingerprint(message: BaseModel, exclude: Any = None) -> str:
     """SHA-256 (hex, 64 characters) of the canonical JSON of ``message`` minus ``exclude``
-    (pydantic's exclude syntax: a set of field names or a nested mapping)."""
-    projection = message.model_dump(mode="python", exclude=exclude)
+    (pydantic's exclude syntax: a set of field names or a nested mapping).
+
+    Raises:
+        UnsupportedNumber: see :func:`canonical_json`.
+    """
+    return fingerprint_of(message.model_dump(mode="python", exclude=exclude))
+
+
+def fingerprint_of(projection: Any) -> str:
+    """SHA-256 (hex, 64 characters) of the canonical JSON of an intent ``projection``.
+
+    Raises:
+        UnsupportedNumber: see :func:`canonical_json`.
+    """
     return hashlib.sha256(canonical_json(projection).encode("utf-8")).hexdigest()
 
 
@@ -105,6 +136,8 @@ def _emit(value: Any, out: list[str]) -> None:
     elif isinstance(value, enum.Enum):
         _emit(value.value, out)
     elif isinstance(value, int):
+        if value.bit_length() > _MAX_INT_BITS:
+            raise UnsupportedNumber(f"an integer of more than {MAX_NUMBER_DIGITS} digits")
         out.append(str(value))
     elif isinstance(value, float):
         out.append(_number_from_float(value))
@@ -161,7 +194,7 @@ def _emit_sequence(values: Any, out: list[str]) -> None:
 
 def _number_from_float(value: float) -> str:
     if math.isnan(value) or math.isinf(value):
-        return json.dumps(repr(value))  # not JSON numbers: a distinct string form
+        raise UnsupportedNumber(f"{value!r} has no single value to compare")
     if value == 0:
         return "0"  # -0.0 and 0.0 are one intent
     return _number_from_decimal(decimal.Decimal(repr(value)))
@@ -169,10 +202,12 @@ def _number_from_float(value: float) -> str:
 
 def _number_from_decimal(value: decimal.Decimal) -> str:
     if not value.is_finite():
-        return json.dumps(str(value))
+        raise UnsupportedNumber(f"{value} has no single value to compare")
     if value.is_zero():
         return "0"
-    normalized = value.normalize()
+    if abs(value.adjusted()) > MAX_NUMBER_DIGITS or len(value.as_tuple().digits) > MAX_NUMBER_DIGITS:
+        raise UnsupportedNumber(f"a decimal beyond {MAX_NUMBER_DIGITS} digits or places")
+    normalized = value.normalize(_EXACT)
     exponent = normalized.as_tuple().exponent
     assert isinstance(exponent, int)
     if exponent >= 0:

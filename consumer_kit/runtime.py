@@ -70,7 +70,7 @@ from consumer_kit.errors import (
 )
 from consumer_kit.faults import FaultKind, StatementTimeout, classify
 from consumer_kit.handler import Context, Result
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.identity import OperationIdentity, UnsupportedNumber
 from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger, OperationRow
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
@@ -173,7 +173,11 @@ class Runtime:
         ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation
         (the delivery is released first)."""
         started = time.monotonic()
-        envelope = Envelope(delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count)
+        envelope = Envelope(
+            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count,
+            correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
+            enqueued_at=delivery.enqueued_at,
+        )
         with tracer.start_as_current_span("consumer_kit.delivery") as span:
             span.set_attribute("messaging.message.id", delivery.message_id or "")
             span.set_attribute("messaging.destination.name", delivery.queue)
@@ -406,7 +410,7 @@ class Runtime:
         if not claimed:
             if row is None:  # deleted between our two reads: let the redelivery claim afresh
                 return _Settle(Outcome.IN_PROGRESS, Settlement.RETRY, reason="row_vanished")
-            verdict = self._handle_for_state(row, identity)
+            verdict = self._handle_for_state(row, decoded)
             if verdict is not None:
                 return verdict
             # Expired lease on a processing row: take it over with a conditional write.
@@ -429,7 +433,10 @@ class Runtime:
         try:
             with _commit_forbidden(conn):
                 async with handler_scope:
-                    result = await decoded.handler.handle(decoded.message, ctx)
+                    try:
+                        result = await decoded.handler.handle(decoded.message, ctx)
+                    finally:
+                        ctx.seal()  # a publish after this point raises ContextSealed
         except TimeoutError:
             if handler_scope.expired():
                 raise HandlerTimeout(
@@ -468,27 +475,19 @@ class Runtime:
         if recorded:
             stored = StoredResult(failure.code, None, None)
             return _Settle(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
-        verdict = self._handle_for_state(row, identity) if row is not None else None
+        verdict = self._handle_for_state(row, decoded) if row is not None else None
         return verdict or _Settle(
             Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
             reason="failure_not_recorded",
         )
 
-    def _handle_for_state(self, row: OperationRow, identity: OperationIdentity) -> _Settle | None:
+    def _handle_for_state(self, row: OperationRow, decoded: Decoded) -> _Settle | None:
         """Decide for a key that already has a ledger row. ``None``: an expired lease to recover."""
+        identity = decoded.identity
         if row.fingerprint != identity.fingerprint:
-            if row.projection_version == identity.projection_version:
-                return _Settle(
-                    Outcome.PAYLOAD_CONFLICT, Settlement.DEAD_LETTER,
-                    reason=DeadLetterReason.PAYLOAD_CONFLICT.value,
-                    detail=f"operation {identity.scope}/{identity.key} exists with another fingerprint",
-                )
-            # Fingerprints of different projection versions cannot be compared; the key decides.
-            logger.warning(
-                "fingerprint projection changed (stored v%s, now v%s) scope=%s operation_key=%s: "
-                "treated as the same operation",
-                row.projection_version, identity.projection_version, identity.scope, identity.key,
-            )
+            conflict = self._compare_intent(row, decoded)
+            if conflict is not None:
+                return conflict
         if row.state == ledger_states.COMPLETED:
             return _Settle(Outcome.DUPLICATE, Settlement.ACK, result=row.stored_result)
         if row.state == ledger_states.FAILED:
@@ -507,6 +506,38 @@ class Runtime:
                 reason="lease_held",
             )
         return None
+
+    def _compare_intent(self, row: OperationRow, decoded: Decoded) -> _Settle | None:
+        """The stored fingerprint differs from this message's: a payload conflict, unless the row
+        was recorded under another projection version, in which case this message is compared
+        under that version (``Handler.earlier_projections``). ``None``: the same intent."""
+        identity, handler = decoded.identity, decoded.handler
+        conflict = _Settle(
+            Outcome.PAYLOAD_CONFLICT, Settlement.DEAD_LETTER,
+            reason=DeadLetterReason.PAYLOAD_CONFLICT.value,
+            detail=f"operation {identity.scope}/{identity.key} exists with another fingerprint",
+        )
+        if row.projection_version == identity.projection_version:
+            return conflict
+        try:
+            earlier = handler.fingerprint_under(decoded.message, row.projection_version)
+        except UnsupportedNumber:
+            earlier = None
+        if earlier is None:
+            # Never ack a possibly different intent as a duplicate: park the message instead.
+            logger.warning(
+                "operation scope=%s operation_key=%s was recorded under projection v%s, which %s "
+                "no longer declares: parked for reconciliation",
+                identity.scope, identity.key, row.projection_version, type(handler).__name__,
+            )
+            return _Settle(
+                Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
+                detail=f"recorded under projection v{row.projection_version}; "
+                f"{type(handler).__name__} declares v{identity.projection_version} and no "
+                f"earlier_projections[{row.projection_version}]: intents cannot be compared",
+            )
+        return None if earlier == row.fingerprint else conflict
 
     # -- step 8: what a fault costs ----------------------------------------------------------------
 

@@ -6,22 +6,27 @@ case is run by ``test_corpus.py`` through the runtime, the memory broker and the
 
 Documented acceptances (not bugs):
 
-* a body in UTF-16/32 with a BOM, or UTF-8 with a BOM, is decoded (``json.loads`` on bytes,
-  RFC 8259 section 8.1 detection) and accepted;
-* ``10``, ``10.0`` and ``"10"`` for an ``int`` field are one intent (pydantic's lax mode): the
-  later ones are duplicates; ``10.5`` is a schema mismatch;
+* a UTF-8 body with a byte order mark is decoded (RFC 8259 section 8.1 lets a parser ignore it);
+* ``10``, ``10.0``, ``1e1`` and ``"10"`` for an ``int`` field are one intent (numbers by value;
+  pydantic's lax mode reads the string): the later ones are duplicates; ``10.5`` is a schema
+  mismatch;
 * an unknown extra field is ignored (pydantic's default) and is not part of the fingerprint;
-* repeated JSON object keys: the last one wins (Python's ``json``);
 * an operation key or header holding SQL or quotes is just text (parameters, never formatted);
 * a key in NFD and the same key in NFC are one key (keys are NFC-normalised);
-* a payload PostgreSQL cannot store (NUL in text, an integer beyond bigint) fails in the handler's
-  INSERT with a ``DataError``; the same values fail the same way every time, so the runtime
-  dead-letters it at once with reason ``invalid_data:<error class>``.
+* a value PostgreSQL rejects the same way every time (NUL in text, an integer beyond bigint, a NOT
+  NULL or CHECK violation) fails in the handler's INSERT; the runtime dead-letters it at once with
+  reason ``invalid_data:<error class>``.
+
+Refused as having no single meaning (``consumer_kit.strict_json``, ``consumer_kit.identity``):
+``NaN``/``Infinity`` literals, repeated object keys (also after NFC), lone surrogates, UTF-16/32
+bodies (``invalid_json``); numbers a 64-bit float cannot hold by value, integers over 1,000 digits,
+and NaN, infinities or extreme decimals reached through strings (``invalid_number``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import unicodedata
 from dataclasses import dataclass, field
@@ -37,7 +42,8 @@ CREATE TABLE effects (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     operation_key text NOT NULL,
     customer text NOT NULL,
-    amount bigint NOT NULL
+    amount bigint NOT NULL CHECK (amount > -1000),
+    note text NOT NULL
 );
 """
 
@@ -45,8 +51,10 @@ CREATE TABLE effects (
 class PlaceOrder(BaseModel):
     customer: str = Field(min_length=1, max_length=200)
     amount: int
-    note: str = ""
+    note: str | None = ""
     placed_at: dt.datetime | None = None
+    rate: float | None = None
+    price: decimal.Decimal | None = None
 
 
 class PlaceOrderHandler(Handler[PlaceOrder]):
@@ -58,8 +66,8 @@ class PlaceOrderHandler(Handler[PlaceOrder]):
     async def handle(self, message: PlaceOrder, ctx: Context) -> Result:
         conn: AsyncConnection[Any] = ctx.connection
         await conn.execute(
-            "INSERT INTO effects (operation_key, customer, amount) VALUES (%s, %s, %s)",
-            (ctx.operation.key, message.customer, message.amount),
+            "INSERT INTO effects (operation_key, customer, amount, note) VALUES (%s, %s, %s, %s)",
+            (ctx.operation.key, message.customer, message.amount, message.note),
         )
         return Result("placed")
 
@@ -114,12 +122,40 @@ CASES: list[Case] = [
     one("body_3_mb_field_too_long", j({**GOOD, "customer": "x" * (3 * 1024 * 1024)}), "dead:schema_mismatch"),
     one("non_utf8_latin1", b'{"customer": "caf\xe9", "amount": 1}', "dead:invalid_json"),
     one("non_utf8_random", b'{"customer": "\xff\xfe\xfa", "amount": 1}', "dead:invalid_json"),
-    # pydantic rejects a lone surrogate in a constrained str; an unconstrained one reaches the
-    # fingerprint, which cannot encode it
-    one("lone_surrogate_constrained_field", b'{"customer": "\\ud800", "amount": 1}', "dead:schema_mismatch"),
+    # -- JSON outside RFC 8259 or without one meaning: refused before validation ------------
+    one("lone_surrogate_constrained_field", b'{"customer": "\\ud800", "amount": 1}', "dead:invalid_json"),
     one("lone_surrogate_plain_field", b'{"customer": "c", "amount": 1, "note": "\\udc00"}', "dead:invalid_json"),
-    one("utf16_with_bom_accepted", json.dumps(GOOD).encode("utf-16"), "executed"),
+    one("lone_surrogate_unknown_field", b'{"customer": "c", "amount": 1, "x": ["\\udbff"]}', "dead:invalid_json"),
+    one("lone_surrogate_in_a_key", b'{"customer": "c", "amount": 1, "\\ud800": 1}', "dead:invalid_json"),
+    one("utf16_with_bom", json.dumps(GOOD).encode("utf-16"), "dead:invalid_json"),
+    one("utf32", json.dumps(GOOD).encode("utf-32-le"), "dead:invalid_json"),
     one("utf8_with_bom_accepted", b"\xef\xbb\xbf" + GOOD_BYTES, "executed"),
+    one("nan_literal", b'{"customer": "c-1", "amount": 1, "rate": NaN}', "dead:invalid_json"),
+    one("nan_literal_in_int_field", b'{"customer": "c-1", "amount": NaN}', "dead:invalid_json"),
+    one("nan_literal_in_unknown_field", b'{"customer": "c-1", "amount": 1, "extra": NaN}', "dead:invalid_json"),
+    one("infinity_literal", b'{"customer": "c-1", "amount": 1, "rate": Infinity}', "dead:invalid_json"),
+    one("minus_infinity_literal", b'{"customer": "c-1", "amount": 1, "rate": -Infinity}', "dead:invalid_json"),
+    one("repeated_key", b'{"customer": "c-1", "amount": 99, "amount": 10}', "dead:invalid_json"),
+    one("repeated_key_after_nfc", b'{"customer": "c-1", "amount": 1, "extra": {"\\u00e9": 1, "e\\u0301": 2}}',
+        "dead:invalid_json"),
+    # -- numbers the runtime cannot hold or compare by value ------------------------------------
+    one("nan_string_in_float_field", j({"customer": "c-1", "amount": 1, "rate": "NaN"}), "dead:invalid_number"),
+    one("infinity_string_in_float_field", j({"customer": "c-1", "amount": 1, "rate": "-inf"}), "dead:invalid_number"),
+    # pydantic's Decimal refuses NaN itself (a Decimal field with allow_inf_nan would reach the
+    # fingerprint, which refuses it as invalid_number)
+    one("nan_string_in_decimal_field", j({"customer": "c-1", "amount": 1, "price": "NaN"}), "dead:schema_mismatch"),
+    one("float_literal_overflows", b'{"customer": "c-1", "amount": 1, "rate": 1e400}', "dead:invalid_number"),
+    one("float_string_overflows", j({"customer": "c-1", "amount": 1, "rate": "1e400"}), "dead:invalid_number"),
+    one("float_literal_underflows", b'{"customer": "c-1", "amount": 1, "rate": 1e-400}', "dead:invalid_number"),
+    one("float_literal_loses_precision", b'{"customer": "c-1", "amount": 1, "rate": 1.00000000000000000001}',
+        "dead:invalid_number"),
+    one("integer_of_5000_digits", b'{"customer": "c-1", "amount": ' + b"9" * 5000 + b"}", "dead:invalid_number"),
+    one("integer_of_5000_digits_unknown_field", b'{"customer": "c-1", "amount": 1, "x": ' + b"9" * 5000 + b"}",
+        "dead:invalid_number"),
+    one("integer_string_of_5000_digits", j({"customer": "c-1", "amount": "9" * 5000}), "dead:schema_mismatch"),
+    one("decimal_1e5000", j({"customer": "c-1", "amount": 1, "price": "1E+5000"}), "dead:invalid_number"),
+    one("decimal_exact_30_digits_accepted", j({"customer": "c-1", "amount": 1, "price": "1.23456789012345678901234567890"}),
+        "executed"),
     one("json_array", b"[1, 2, 3]", "dead:schema_mismatch"),
     one("json_string", b'"hello"', "dead:schema_mismatch"),
     one("json_null", b"null", "dead:schema_mismatch"),
@@ -127,10 +163,12 @@ CASES: list[Case] = [
     one("wrong_type", j({"customer": "c-1", "amount": "ten"}), "dead:schema_mismatch"),
     one("customer_is_object", j({"customer": {"$ne": None}, "amount": 1}), "dead:schema_mismatch"),
     one("fractional_int", j({"customer": "c-1", "amount": 10.5}), "dead:schema_mismatch"),
-    one("nan_amount", b'{"customer": "c-1", "amount": NaN}', "dead:schema_mismatch"),
     one("bigint_overflow", j({"customer": "c-1", "amount": 10**30}),
         "dead:invalid_data:NumericValueOutOfRange"),
     one("nul_in_text_field", j({"customer": "a\x00b", "amount": 1}), "dead:invalid_data:DataError"),
+    one("not_null_violation", j({"customer": "c-1", "amount": 1, "note": None}),
+        "dead:invalid_data:NotNullViolation"),
+    one("check_violation", j({"customer": "c-1", "amount": -5000}), "dead:invalid_data:CheckViolation"),
     # -- same intent written differently: documented acceptance as duplicates -----------------
     after_good("number_10_point_0", j({**GOOD, "amount": 10.0}), "duplicate"),
     after_good("number_as_string", j({**GOOD, "amount": "10"}), "duplicate"),
@@ -140,8 +178,10 @@ CASES: list[Case] = [
     after_good("unknown_extra_field_ignored", j({**GOOD, "surprise": [1, 2]}), "duplicate"),
     after_good("volatile_field_differs", j({**GOOD, "placed_at": "2030-01-01T00:00:00+05:00"}), "duplicate"),
     after_good("note_nfd_vs_nfc", j({**GOOD, "note": unicodedata.normalize("NFD", "n")}), "duplicate"),
-    after_good("repeated_json_key_last_wins", b'{"customer": "c-1", "amount": 99, "amount": 10, "note": "n"}',
-               "duplicate"),
+    after_good("repeated_json_key_is_no_duplicate", b'{"customer": "c-1", "amount": 99, "amount": 10, "note": "n"}',
+               "dead:invalid_json"),
+    after_good("decimal_differs_in_30th_digit", j({**GOOD, "price": "1.23456789012345678901234567891"}),
+               "payload_conflict"),
     after_good("conflicting_amount", j({**GOOD, "amount": 11}), "payload_conflict"),
     after_good("conflicting_note_case", j({**GOOD, "note": "N"}), "payload_conflict"),
     # -- operation keys -----------------------------------------------------------------------

@@ -76,8 +76,11 @@ def allowed_pairs(same: bool, fails: bool, crash: CrashPoint | None) -> set[tupl
 
 
 async def _b_waits_on_a(kit: Harness, b_id: str) -> bool:
-    """True once B is blocked on A's claim (a lock wait on the ledger) or B gave up for now."""
+    """True once B is blocked on A's claim (a lock wait on the ledger), or waits in the process
+    because A was redelivered (a crash point fired on it) and runs alone, or B gave up for now."""
     if any(r.message_id == b_id for r in kit.reports):
+        return True
+    if kit.runtime.admission.isolating and kit._inflight >= 2:
         return True
     rows = await kit.fetch(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query ILIKE %s",
