@@ -48,4 +48,4 @@ def open_publisher(settings: Settings) -> Publisher:
 
 
 def _extra(scheme: str) -> str:
-    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus"}.get(scheme, "all")
+    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus"}.get(scheme, "all")

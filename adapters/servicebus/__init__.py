@@ -1,0 +1,131 @@
+"""Azure Service Bus adapter (azure-servicebus, asyncio API): deliveries in, settlement, publishers out.
+
+The azure-servicebus SDK (and azure-identity, when used) is imported only inside this package.
+One job per module:
+
+================  =================================================================================
+module            job
+================  =================================================================================
+``settings``      broker URL and connection string, the adapter's own settings
+``connection``    opening and closing clients (shared access key or Microsoft Entra ID)
+``entities``      queue and ``topic/Subscriptions/name`` names; receivers and senders for them
+``messages``      fields consumer-kit reads and writes; retry copies; relay events
+``limits``        size checks before any send
+``errors``        lock loss; PublishError kinds
+``give_backs``    telling a crash from our own abandon (``redelivered``)
+``renewal``       renewing every held lock at half its remaining time
+``route``         a delivery's receiver and session lock
+``delivery``      :class:`ServiceBusDelivery`: complete, abandon, scheduled copy, held retry, dead-letter
+``copies``        the sender of scheduled retry copies
+``pump``          one queue or subscription: receive exactly as many messages as there are slots
+``sessions``      a session entity: sessions in parallel, each one's messages in order
+``consumer``      :class:`ServiceBusConsumer`: pumps, pause and resume, shutdown
+``batching``      one entity's publishes sent as ``ServiceBusMessageBatch``-es
+``publisher``     :class:`ServiceBusPublisher`: the relay's publishes
+================  =================================================================================
+
+Mapping (details in each module):
+
+==============  ===================================================================================
+contract        Service Bus
+==============  ===================================================================================
+peek-lock       ``ServiceBusReceiveMode.PEEK_LOCK``, SDK prefetch off; each receive asks for as many
+                messages as the worker has free slots (``prefetch``), so every locked message is in
+                the worker's hands and renewed
+ack             ``complete_message``
+retry(0)        ``abandon_message``
+retry(delay)    queue: a copy scheduled ``delay`` seconds ahead, then ``complete_message``; session
+                entity or subscription: the lock held (renewed) for ``delay``, then abandoned
+dead_letter     ``dead_letter_message(reason, error_description)`` into ``<entity>/$DeadLetterQueue``
+release         ``abandon_message``, remembered as our own give-back
+renew_lock      ``renew_message_lock`` (``session.renew_lock`` for a session message); the lock
+                keeper renews every unsettled delivery (and each held session) at half its time left
+delivery count  ``x-consumer-kit-deliveries + delivery_count + 1``
+partition key   session id (``session_id`` on publish; session entities listed in
+                ``CONSUMER_KIT_SERVICEBUS_SESSION_ENTITIES``)
+publish         ``message_id`` = event id, ``session_id`` = partition key, ``subject`` = routing key,
+                application properties = headers (message type, causing operation, trace context),
+                sent in size-checked batches
+==============  ===================================================================================
+
+**redelivered.** Service Bus raises ``delivery_count`` on abandon and on lock expiry alike. A
+redelivery counts as our own give-back only when this process abandoned that very message (entity,
+sequence number) and the count is exactly the next one; anything else is a suspect
+(:mod:`adapters.servicebus.give_backs`). A real crash is never missed; a message given back by
+another process, or by this one before a restart, is a false suspect, which costs only running
+alone once.
+
+**Broker delivery limit.** Service Bus also counts our own abandons (``release`` on shutdown or a
+database outage, ``retry(0)``, held retries): set the entities' ``MaxDeliveryCount`` well above
+consumer-kit's own bounds, at least ``max(50, 5 * (max_deliveries + crash_limit))`` plus the
+give-backs you expect (Service Bus allows up to 2000; the emulator caps it at 10). It is a loop
+guard only: consumer-kit counts attempts in its ledger.
+
+**Lock loss.** ``MessageLockLostError`` / ``SessionLockLostError`` (from a renewal or a settlement)
+mean the delivery is no longer ours: it is never acked afterwards, ``lost`` is set and the broker
+redelivers it (counted as ``locks_lost``).
+
+Entry points (``consumer_kit.brokers``, schemes ``servicebus`` and ``sb``):
+:func:`consumer_from_settings`, :func:`publisher_from_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.servicebus.consumer import ServiceBusConsumer
+from adapters.servicebus.counters import ConsumerCounters
+from adapters.servicebus.delivery import ServiceBusDelivery
+from adapters.servicebus.entities import Entity
+from adapters.servicebus.give_backs import GiveBacks
+from adapters.servicebus.messages import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY
+from adapters.servicebus.publisher import ServiceBusPublisher
+from adapters.servicebus.settings import SCHEMES, Namespace, ServiceBusSettings
+
+__all__ = [
+    "DELIVERIES_PROPERTY",
+    "ORIGINAL_MESSAGE_ID_PROPERTY",
+    "SCHEMES",
+    "ConsumerCounters",
+    "Entity",
+    "GiveBacks",
+    "Namespace",
+    "ServiceBusConsumer",
+    "ServiceBusDelivery",
+    "ServiceBusPublisher",
+    "ServiceBusSettings",
+    "consumer_from_settings",
+    "publisher_from_settings",
+]
+
+
+def consumer_from_settings(settings: Any) -> ServiceBusConsumer:
+    """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
+    (``consumer_kit.settings.Settings``; ``settle_timeout`` bounds settlements) and the
+    ``CONSUMER_KIT_SERVICEBUS_*`` settings.
+
+    Raises:
+        ConfigurationError: the URL and the connection string do not name a namespace.
+    """
+    adapter = ServiceBusSettings()
+    return ServiceBusConsumer(
+        Namespace.from_settings(settings.broker_url, adapter),
+        session_entities=adapter.session_entities,
+        settle_timeout=settings.settle_timeout,
+        receive_wait=adapter.receive_wait,
+    )
+
+
+def publisher_from_settings(settings: Any) -> ServiceBusPublisher:
+    """Entry point ``consumer_kit.brokers: servicebus``: a publisher for ``settings.broker_url``,
+    waiting at most ``settings.settle_timeout`` seconds for a confirmation.
+
+    Raises:
+        ConfigurationError: the URL and the connection string do not name a namespace.
+    """
+    adapter = ServiceBusSettings()
+    return ServiceBusPublisher(
+        Namespace.from_settings(settings.broker_url, adapter),
+        confirm_timeout=settings.settle_timeout,
+        batch_max_messages=adapter.publish_batch_max_messages,
+    )

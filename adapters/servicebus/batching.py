@@ -1,0 +1,203 @@
+"""Batch sends for one entity: the relay's concurrent publishes leave as ``ServiceBusMessageBatch``-es.
+
+The relay publishes the rows of a pass concurrently, one ``publish()`` each. Every publish to the
+same queue or topic joins that entity's :class:`EntityBatcher`; its flush task starts on the first
+one and, after letting the others of the same pass join (one turn of the event loop), packs what
+waits into batches (at most ``max_messages`` each, bounded by the link's limits, see
+:mod:`adapters.servicebus.limits`) and sends them one after the other. Each publish learns its own
+outcome:
+
+* sent: every message of the batch is confirmed;
+* too large to send even alone: permanent ``PublishError`` naming the limit, never sent; the rest
+  of the batch goes on;
+* the batch refused (a refusal Service Bus cannot pin on one message): each of its messages is
+  sent alone, so a refusal is that message's own (permanent) and the others go through;
+* the link or the connection failed: transient (the sender is re-opened on the next send).
+
+Messages of one batch may carry different session ids (one per partition key: the relay's ordered
+mode never claims two rows of one key together). Partitioned entities with duplicate detection
+refuse such batches: set ``CONSUMER_KIT_SERVICEBUS_PUBLISH_BATCH_MAX_MESSAGES=1`` for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+
+from adapters.servicebus.connection import close_quietly
+from adapters.servicebus.entities import sender_for
+from adapters.servicebus.errors import describe, is_refusal, publish_error
+from adapters.servicebus.limits import add_or_refuse, empty_batch, link_message_limit
+from consumer_kit.broker import PublishError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Pending:
+    """One publish waiting for its batch: the SDK message, the event id, the body size (bytes)."""
+
+    message: ServiceBusMessage
+    message_id: str
+    body_size: int
+    outcome: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def __post_init__(self) -> None:
+        # A publisher that gave up waiting never reads the outcome: mark it read, so asyncio does
+        # not report an exception "never retrieved".
+        self.outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def succeed(self) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(None)
+
+    def fail(self, error: PublishError) -> None:
+        if not self.outcome.done():
+            self.outcome.set_exception(error)
+
+
+class EntityBatcher:
+    """Sends the publishes to one queue or topic in batches (see the module docstring).
+
+    Args:
+        client: the publisher's client.
+        entity: the queue or topic name.
+        max_messages: most messages per batch.
+        send_timeout: seconds one batch send (or opening the sender) may take.
+
+    Attributes:
+        batches_sent: batches Service Bus confirmed.
+    """
+
+    def __init__(self, client: ServiceBusClient, entity: str, *, max_messages: int, send_timeout: float) -> None:
+        self._client = client
+        self.entity = entity
+        self._max_messages = max_messages
+        self._send_timeout = send_timeout
+        self._sender: ServiceBusSender | None = None
+        self._waiting: list[Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.batches_sent = 0
+
+    def submit(self, pending: Pending) -> None:
+        """Queue ``pending`` for the next batch; its ``outcome`` resolves once it is sent or refused."""
+        self._waiting.append(pending)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name=f"consumer-kit servicebus batch {self.entity}")
+
+    def withdraw(self, pending: Pending) -> None:
+        """Take ``pending`` out if it has not left yet (its publisher gave up waiting)."""
+        if pending in self._waiting:
+            self._waiting.remove(pending)
+
+    async def close(self, timeout: float) -> None:
+        """Let the batch in flight finish (at most ``timeout`` seconds), then close the sender."""
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait({self._flusher}, timeout=timeout)
+            self._flusher.cancel()
+        await self._reset()
+
+    # -- the flush ----------------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # the other publishes of this pass are queued by now
+        while self._waiting:
+            taken, self._waiting = self._waiting, []
+            try:
+                await self._send_all(taken)
+            except BaseException as exc:
+                for pending in taken:  # cancelled (closing) or a bug: nobody waits forever
+                    pending.fail(PublishError(f"publish of message_id={pending.message_id} aborted: {describe(exc)}"))
+                raise
+
+    async def _send_all(self, taken: list[Pending]) -> None:
+        try:
+            async with asyncio.timeout(self._send_timeout):
+                sender = await self._ready_sender()
+                packed, alone = await self._pack(sender, taken)
+        except Exception as exc:  # noqa: BLE001 - the link did not open: every publish fails alike
+            await self._reset()
+            for pending in taken:
+                pending.fail(publish_error(exc, pending.message_id, self.entity, alone=False))
+            return
+        for batch, members in packed:
+            await self._send(sender, batch, members)
+        for pending in alone:
+            await self._send(sender, pending.message, [pending])
+
+    async def _pack(
+        self, sender: ServiceBusSender, taken: list[Pending]
+    ) -> tuple[list[tuple[ServiceBusMessageBatch, list[Pending]]], list[Pending]]:
+        """Batches of what fits, and what must go alone (premium large messages). Publishes too
+        large for the link are failed here, permanently, never sent."""
+        packed: list[tuple[ServiceBusMessageBatch, list[Pending]]] = []
+        alone: list[Pending] = []
+        batch = await empty_batch(sender)
+        members: list[Pending] = []
+        for pending in taken:
+            if len(members) < self._max_messages and _fits(batch, pending):
+                members.append(pending)
+                continue
+            if members:  # this batch is full: start the next one
+                packed.append((batch, members))
+                batch, members = await empty_batch(sender), []
+                if _fits(batch, pending):
+                    members.append(pending)
+                    continue
+            self._refuse_or_send_alone(pending, batch.max_size_in_bytes, link_message_limit(sender), alone)
+        if members:
+            packed.append((batch, members))
+        return packed, alone
+
+    def _refuse_or_send_alone(self, pending: Pending, batch_limit: int, link_limit: int, alone: list[Pending]) -> None:
+        if link_limit > batch_limit:
+            alone.append(pending)  # a premium large-message entity: Service Bus decides
+            return
+        pending.fail(PublishError(
+            f"message_id={pending.message_id} (body {pending.body_size} bytes) does not fit the "
+            f"{batch_limit}-byte message limit of {self.entity!r}",
+            permanent=True,
+        ))
+
+    async def _send(
+        self, sender: ServiceBusSender, payload: ServiceBusMessageBatch | ServiceBusMessage, members: list[Pending]
+    ) -> None:
+        try:
+            async with asyncio.timeout(self._send_timeout):
+                await sender.send_messages(payload)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if len(members) > 1 and is_refusal(exc):
+                logger.warning(
+                    "a batch of %s events to %s was refused (%s): sending each alone",
+                    len(members), self.entity, describe(exc),
+                )
+                for pending in members:
+                    await self._send(sender, pending.message, [pending])
+                return
+            if not is_refusal(exc):
+                await self._reset()  # a link that failed is not used again
+            for pending in members:
+                pending.fail(publish_error(exc, pending.message_id, self.entity, alone=len(members) == 1))
+            return
+        self.batches_sent += 1
+        for pending in members:
+            pending.succeed()
+        logger.debug("sent %s events to %s in one batch", len(members), self.entity)
+
+    async def _ready_sender(self) -> ServiceBusSender:
+        if self._sender is None:
+            self._sender = sender_for(self._client, self.entity)
+        return self._sender
+
+    async def _reset(self) -> None:
+        sender, self._sender = self._sender, None
+        await close_quietly(sender, self._send_timeout, f"the sender to {self.entity}")
+
+
+def _fits(batch: ServiceBusMessageBatch, pending: Pending) -> bool:
+    """Add ``pending`` to ``batch`` if it fits."""
+    return add_or_refuse(batch, pending.message)

@@ -1,0 +1,310 @@
+"""One Service Bus delivery under peek-lock, and how each settlement reaches the broker.
+
+=============  =====================================================================================
+settlement     on Service Bus
+=============  =====================================================================================
+ack            ``complete_message``
+retry(0)       ``abandon_message`` (remembered as our own give-back, see
+               :mod:`adapters.servicebus.give_backs`)
+retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_messages``), then
+               ``complete_message`` the original. A session queue or a subscription (which cannot
+               take a copy in order, or at all): the lock is *held*, renewed, for ``delay``
+               seconds, then ``abandon_message``
+dead_letter    ``dead_letter_message(reason=..., error_description=...)`` (cut to 1024 and 4096
+               characters): the message moves to ``<entity>/$DeadLetterQueue`` with them
+release        ``abandon_message``, remembered as our own give-back (Service Bus counts it as a
+               delivery, which only informs: consumer-kit counts attempts in its ledger)
+=============  =====================================================================================
+
+**A lost lock ends it.** Once Service Bus reports the lock lost (``MessageLockLostError``, or
+``SessionLockLostError`` for a session), from a renewal or a settlement, the delivery is no longer
+ours: nothing is sent for it again (an ack after that raises at once, never reaching the broker),
+``lost`` is set, and the broker redelivers the message to whoever receives next, where the ledger
+answers it as a duplicate when its transaction had committed. Counted as ``locks_lost``.
+
+**Trade-off of the scheduled copy** (queues): the delay costs no lock, no slot and no renewals,
+however long, but the copy is a new message: a new sequence number (it leaves the queue's order),
+a new message id (the original's is kept in ``x-consumer-kit-message-id``: duplicate detection
+must not drop the copy), and the deliveries so far in ``x-consumer-kit-deliveries``. The copy is
+scheduled before the original is completed (at least once): if the completion fails, both come
+back and the ledger answers the second as a duplicate. A copy too large for the queue, or refused,
+is not sent: the original is abandoned at once instead (the delay is lost, not the message;
+counted ``copy_refused``). **Trade-off of the held retry** (sessions, subscriptions): order is kept
+(the abandoned message is the session's next again) but the delivery keeps its slot and its lock,
+renewed, until the delay is over; if the process dies meanwhile, the lock lapses and the message
+comes back as a suspect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable
+
+from azure.servicebus import ServiceBusReceivedMessage
+
+from adapters.servicebus.errors import LOCK_LOST, describe, is_refusal
+from adapters.servicebus.limits import TooLarge
+from adapters.servicebus.messages import (
+    DEAD_LETTER_DESCRIPTION_MAX_CHARS,
+    DEAD_LETTER_REASON_MAX_CHARS,
+    body_of,
+    delivery_count_of,
+    headers_of,
+    message_id_of,
+    retry_copy,
+    schedule_time,
+)
+from adapters.servicebus.renewal import Renewal
+from adapters.servicebus.route import Route
+from consumer_kit.broker import Delivery
+
+logger = logging.getLogger(__name__)
+
+
+class LockAlreadyLost(Exception):
+    """The delivery's lock was reported lost earlier: nothing is sent for it anymore."""
+
+
+class ServiceBusDelivery(Delivery):
+    """One Service Bus delivery (settlement table in the module docstring).
+
+    ``delivery_count`` and ``message_id`` follow :mod:`adapters.servicebus.messages`;
+    ``redelivered`` follows :mod:`adapters.servicebus.give_backs`; ``correlation_id`` is the
+    message's correlation id; ``partition_key`` its session id; ``enqueued_at`` its enqueued time.
+
+    Args:
+        message: the SDK's message, received in peek-lock mode.
+        route: where it came from.
+        settle_timeout: seconds; the bound on each settlement and each renewal.
+
+    Attributes:
+        sequence_number: Service Bus's sequence number of the message.
+        released: set once the message is no longer locked by us (settled, given back, lost, or left
+            to expire after an unsettled hand-back): renewal stops and its slot is free.
+    """
+
+    def __init__(self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float) -> None:
+        headers = headers_of(message)
+        entity = route.entity.path
+        broker_count = message.delivery_count or 0
+        super().__init__(
+            queue=entity,
+            message_id=message_id_of(message, headers),
+            headers=headers,
+            body=body_of(message),
+            delivery_count=delivery_count_of(message, headers),
+            redelivered=route.give_backs.is_suspect(entity, message.sequence_number or 0, broker_count),
+            correlation_id=message.correlation_id,
+            partition_key=message.session_id,
+            enqueued_at=message.enqueued_time_utc,
+            settle_timeout=settle_timeout,
+        )
+        self.sequence_number = message.sequence_number or 0
+        self.released = asyncio.Event()
+        self._message = message
+        self._route = route
+        self._broker_count = broker_count
+        self._lock_lost = False
+        self._end_hold = asyncio.Event()
+        self._hold: asyncio.Task[None] | None = None
+        self._on_released: list[Callable[[ServiceBusDelivery], None]] = []
+        route.counters.add("received")
+        if self.redelivered:
+            route.counters.add("suspects")
+
+    # -- the lock (renewal.Renewable) -----------------------------------------------------------
+
+    @property
+    def lock_lost(self) -> bool:
+        """Service Bus reported this delivery's lock (or its session's) lost."""
+        session = self._route.session
+        return self._lock_lost or (session is not None and session.lost)
+
+    def locked_until(self) -> dt.datetime | None:
+        session = self._route.session
+        return session.locked_until() if session is not None else self._message.locked_until_utc
+
+    async def renew(self) -> Renewal:
+        """Renew the message lock (the session lock for a session message) once, bounded by
+        ``settle_timeout``; never raises. Used by the lock keeper, also while a retry is held."""
+        if self.lock_lost:
+            return Renewal.LOST
+        if self._route.session is not None:
+            return await self._route.session.renew()
+        try:
+            async with asyncio.timeout(self.settle_timeout):
+                await self._route.receiver.renew_message_lock(self._message)
+        except LOCK_LOST:
+            self._lost_lock()
+            return Renewal.LOST
+        except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
+            logger.info(
+                "renewing the lock of queue=%s message_id=%s failed (%s)",
+                self.queue, self.message_id, describe(exc),
+            )
+            if _expired(self.locked_until()):
+                self._lost_lock()  # past its expiry and not renewable: nobody can renew it now
+                return Renewal.LOST
+            return Renewal.FAILED
+        self._route.counters.add("renewals")
+        return Renewal.RENEWED
+
+    async def _renew_lock(self) -> bool:
+        return await self.renew() is Renewal.RENEWED
+
+    def on_released(self, callback: Callable[[ServiceBusDelivery], None]) -> None:
+        """Call ``callback(self)`` once the delivery is released (at once if it already is)."""
+        if self.released.is_set():
+            callback(self)
+        else:
+            self._on_released.append(callback)
+
+    def _mark_released(self) -> None:
+        if self.released.is_set():
+            return
+        self.released.set()
+        callbacks, self._on_released = self._on_released, []
+        for callback in callbacks:
+            callback(self)
+
+    def abandon_to_expiry(self) -> None:
+        """The worker handed the delivery back unsettled (a simulated crash): stop renewing, so the
+        lock lapses and Service Bus redelivers it as a suspect, as after a real crash."""
+        if self.settlement is None:
+            self._mark_released()
+
+    async def end_hold(self) -> None:
+        """Cut a held retry short and give the message back now (the consumer is closing)."""
+        if self._hold is not None:
+            self._end_hold.set()
+            await asyncio.gather(self._hold, return_exceptions=True)
+
+    # -- settlement hooks ---------------------------------------------------------------------------
+
+    async def _ack(self) -> None:
+        await self._sdk(self._route.receiver.complete_message)
+        self._mark_released()
+
+    async def _retry(self, delay: float) -> None:
+        if delay <= 0:
+            await self._give_back()
+        elif self._route.copies is not None:
+            await self._schedule_copy(delay)
+        else:
+            self._hold = asyncio.create_task(
+                self._hold_then_give_back(delay), name=f"consumer-kit servicebus hold {self.message_id}"
+            )
+            self._route.counters.add("held_retries")
+
+    async def _dead_letter(self, reason: str, detail: str) -> None:
+        receiver = self._route.receiver
+        await self._sdk(
+            lambda message: receiver.dead_letter_message(
+                message,
+                reason=reason[:DEAD_LETTER_REASON_MAX_CHARS],
+                error_description=detail[:DEAD_LETTER_DESCRIPTION_MAX_CHARS],
+            )
+        )
+        self._route.counters.add("dead_lettered")
+        self._mark_released()
+
+    async def _release(self) -> None:
+        await self._give_back()
+
+    async def _abandon(self) -> None:
+        """A settlement failed or overran: abandon, unless the lock is gone already. Not remembered
+        as our give-back (we cannot tell what reached the broker): it comes back as a suspect."""
+        self._route.counters.add("settlements_lost")
+        try:
+            if not self.lock_lost:
+                await self._route.receiver.abandon_message(self._message)
+        finally:
+            self._mark_released()
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    async def _give_back(self) -> None:
+        """Abandon, remembered first as our own give-back (the redelivery may reach our receiver
+        before this call returns); forgotten again if the abandon fails (then a lock expiry brings it
+        back, as a suspect)."""
+        give_backs = self._route.give_backs
+        give_backs.record(self.queue, self.sequence_number, self._broker_count, suspect=self.redelivered)
+        try:
+            await self._sdk(self._route.receiver.abandon_message)
+        except BaseException:
+            give_backs.forget(self.queue, self.sequence_number)
+            raise
+        self._route.counters.add("given_back")
+        self._mark_released()
+
+    async def _schedule_copy(self, delay: float) -> None:
+        copies = self._route.copies
+        assert copies is not None
+        if self.lock_lost:
+            raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
+        copy = retry_copy(
+            self._message, self.headers, self.body,
+            delivery_count=self.delivery_count, message_id=self.message_id,
+        )
+        try:
+            await copies.schedule(
+                copy, schedule_time(delay), body_size=len(self.body), what=f"retry copy of message_id={self.message_id}",
+            )
+        except Exception as exc:
+            if not isinstance(exc, TooLarge) and not is_refusal(exc):
+                raise  # the link failed: the settlement is lost, the broker redelivers
+            self._route.counters.add("copy_refused")
+            logger.warning(
+                "retry copy of queue=%s message_id=%s not sent (%s): abandoning it now instead of in %.1fs",
+                self.queue, self.message_id, describe(exc), delay,
+            )
+            await self._give_back()
+            return
+        await self._sdk(self._route.receiver.complete_message)
+        self._route.counters.add("retry_copies")
+        self._mark_released()
+
+    async def _hold_then_give_back(self, delay: float) -> None:
+        """Keep the lock (the keeper renews it) for ``delay`` seconds, then give the message back.
+        Runs outside the runtime's settlement, so it bounds and logs its own failure."""
+        try:
+            async with asyncio.timeout(delay):
+                await self._end_hold.wait()
+        except TimeoutError:
+            pass
+        try:
+            async with asyncio.timeout(self.settle_timeout):
+                await self._give_back()
+        except Exception as exc:  # noqa: BLE001 - the lock lapses: it comes back as a suspect
+            logger.warning(
+                "giving back held queue=%s message_id=%s failed (%s): the lock lapses instead",
+                self.queue, self.message_id, describe(exc),
+            )
+        finally:
+            self._mark_released()
+
+    async def _sdk(self, settle: Callable[[ServiceBusReceivedMessage], Awaitable[None]]) -> None:
+        """Run one SDK settlement on the message, unless its lock is known lost; a lock reported
+        lost now is remembered (never settled as done afterwards) and counted."""
+        if self.lock_lost:
+            raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
+        try:
+            await settle(self._message)
+        except LOCK_LOST:
+            self._lost_lock()
+            raise
+
+    def _lost_lock(self) -> None:
+        session = self._route.session
+        if session is not None:
+            session.mark_lost()
+        elif not self._lock_lost:
+            self._lock_lost = True
+            self._route.counters.add("locks_lost")
+        self._mark_released()
+
+
+def _expired(locked_until: dt.datetime | None) -> bool:
+    return locked_until is not None and locked_until <= dt.datetime.now(dt.UTC)

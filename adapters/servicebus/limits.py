@@ -1,0 +1,73 @@
+"""Size checks made before every send, so one message never fails a batch or a link for others.
+
+Service Bus limits a message to the entity's maximum message size (256 KB on the standard tier,
+1 MB and up to 100 MB on premium), which the link reports when it opens, and a batch to the
+link's batch size (256 KB standard, 1 MB premium). :func:`empty_batch` makes a
+``ServiceBusMessageBatch`` bounded by the smaller of the two, so whatever fits it fits both; the
+SDK measures each message's exact encoded size as it is added. A message that does not fit an
+empty batch is too large (:class:`TooLarge`, never sent), except where the link allows larger
+messages than batches (premium large-message entities): then it is sent alone and Service Bus
+decides.
+"""
+
+from __future__ import annotations
+
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+from azure.servicebus.aio import ServiceBusSender
+from azure.servicebus.exceptions import MessageSizeExceededError
+
+
+class TooLarge(Exception):
+    """This message cannot be sent as it is. ``str(error)`` names the limit and the body's size in
+    bytes, never the payload."""
+
+    def __init__(self, text: str, *, limit: int) -> None:
+        super().__init__(text)
+        self.limit = limit
+
+
+def link_message_limit(sender: ServiceBusSender) -> int:
+    """Bytes: the largest message the open link accepts (0 when not known yet). The SDK keeps the
+    link's negotiated ``max-message-size`` without a public accessor."""
+    return int(getattr(sender, "_max_message_size_on_link", 0) or 0)
+
+
+async def empty_batch(sender: ServiceBusSender) -> ServiceBusMessageBatch:
+    """An empty batch bounded by the link's batch and message limits (opens the link if needed).
+
+    Raises:
+        azure.servicebus.exceptions.ServiceBusError: the link could not be opened.
+    """
+    batch = await sender.create_message_batch()
+    message_limit = link_message_limit(sender)
+    if 0 < message_limit < batch.max_size_in_bytes:
+        batch = await sender.create_message_batch(max_size_in_bytes=message_limit)
+    return batch
+
+
+def add_or_refuse(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> bool:
+    """Add ``message`` to ``batch``; ``False`` when it does not fit (the batch is unchanged)."""
+    try:
+        batch.add_message(message)
+    except MessageSizeExceededError:
+        return False
+    return True
+
+
+async def check_fits_alone(sender: ServiceBusSender, message: ServiceBusMessage, *, body_size: int, what: str) -> None:
+    """Raise :class:`TooLarge` unless ``message`` can be sent by itself (see the module docstring).
+
+    Raises:
+        TooLarge: larger than the batch limit where the link allows no more than that.
+    """
+    batch = await empty_batch(sender)
+    if add_or_refuse(batch, message):
+        return
+    limit = batch.max_size_in_bytes
+    if link_message_limit(sender) > limit:
+        return  # a premium large-message entity: Service Bus decides
+    raise TooLarge(
+        f"{what} (body {body_size} bytes) does not fit the {limit}-byte message limit of "
+        f"{sender.entity_name!r}",
+        limit=limit,
+    )

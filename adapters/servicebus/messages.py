@@ -1,0 +1,142 @@
+"""Message fields consumer-kit reads and writes on Service Bus, and the messages it builds.
+
+Received messages: ``headers`` are the application properties with ``str`` names and text values
+(the SDK hands both over as ``bytes``); ``body`` is the data sections joined (an AMQP value body is
+taken as text); the delivery count and message id follow the formulas below.
+
+Application properties of consumer-kit's own:
+
+=================================  ================================================================
+property                           meaning
+=================================  ================================================================
+``x-consumer-kit-deliveries``      on a scheduled retry copy: the deliveries of the message before
+                                   the copy (the copy's own count starts again at 0 on the broker)
+``x-consumer-kit-message-id``      on a scheduled retry copy: the message id of the original (the
+                                   copy has a new one, see :func:`retry_copy`)
+=================================  ================================================================
+
+Delivery count: ``x-consumer-kit-deliveries + delivery_count + 1`` (the SDK's ``delivery_count`` is
+0 on the first delivery). Published events: see :func:`outgoing_message`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
+from azure.servicebus.amqp import AmqpMessageBodyType
+
+from consumer_kit.broker import OutgoingMessage
+from consumer_kit.envelope import CORRELATION_ID_HEADER, MESSAGE_TYPE_HEADER
+
+logger = logging.getLogger(__name__)
+
+DELIVERIES_PROPERTY = "x-consumer-kit-deliveries"
+ORIGINAL_MESSAGE_ID_PROPERTY = "x-consumer-kit-message-id"
+
+DEAD_LETTER_REASON_MAX_CHARS = 1024
+DEAD_LETTER_DESCRIPTION_MAX_CHARS = 4096
+"""Service Bus keeps the dead-letter reason and description as message properties, which count
+toward the message's size: both are cut to these lengths (characters)."""
+
+
+def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
+    """The application properties as ``{str: value}``; ``bytes`` values decoded as UTF-8 text."""
+    properties = message.application_properties or {}
+    return {_text(name): _text(value) if isinstance(value, bytes) else value for name, value in properties.items()}
+
+
+def body_of(message: ServiceBusReceivedMessage) -> bytes:
+    """The body as bytes: data sections joined; a value body as UTF-8 text (JSON for non-text)."""
+    if message.body_type == AmqpMessageBodyType.DATA:
+        return b"".join(message.body)
+    value = message.body
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, default=str).encode("utf-8")
+
+
+def delivery_count_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any]) -> int:
+    """1 on the first delivery: ``x-consumer-kit-deliveries`` (retry copies) plus the broker's
+    ``delivery_count`` plus one."""
+    return _deliveries_before(headers) + (message.delivery_count or 0) + 1
+
+
+def message_id_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any]) -> str | None:
+    """The original message id (a retry copy carries it in ``x-consumer-kit-message-id``)."""
+    original = headers.get(ORIGINAL_MESSAGE_ID_PROPERTY)
+    return str(original) if original else message.message_id
+
+
+def retry_copy(
+    message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes, *,
+    delivery_count: int, message_id: str | None,
+) -> ServiceBusMessage:
+    """A copy of ``message`` to schedule as a delayed retry: same body and properties, a new
+    message id (duplicate detection must not drop it as a repeat of the original), and the
+    deliveries so far and the original id in consumer-kit's properties."""
+    properties: dict[str | bytes, Any] = dict(headers.items())
+    properties[DELIVERIES_PROPERTY] = delivery_count
+    if message_id is not None:
+        properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
+    return ServiceBusMessage(
+        body,
+        application_properties=properties,
+        message_id=str(uuid.uuid4()),
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        partition_key=message.partition_key,
+        to=message.to,
+        reply_to=message.reply_to,
+        reply_to_session_id=message.reply_to_session_id,
+        time_to_live=message.time_to_live,
+    )
+
+
+def outgoing_message(message: OutgoingMessage) -> ServiceBusMessage:
+    """The Service Bus message for a relay event: ``message_id`` = event id (the entity's duplicate
+    detection, where enabled, drops a repeat), ``session_id`` = partition key, ``subject`` = routing
+    key (what subscription filters match, like a RabbitMQ routing key), ``correlation_id`` from the
+    ``correlation-id`` header, and application properties = the headers (message type, causing
+    operation, trace context) plus ``message-type``.
+
+    Raises:
+        ValueError, TypeError: the SDK cannot build it (e.g. a property value of an unknown type).
+    """
+    properties: dict[str | bytes, Any] = dict(message.headers.items())
+    properties[MESSAGE_TYPE_HEADER] = message.message_type
+    return ServiceBusMessage(
+        message.body,
+        application_properties=properties,
+        message_id=message.message_id,
+        session_id=message.partition_key,
+        subject=message.routing_key or None,
+        content_type=message.content_type,
+        correlation_id=message.headers.get(CORRELATION_ID_HEADER),
+    )
+
+
+def schedule_time(delay: float) -> dt.datetime:
+    """The UTC time ``delay`` seconds from now (when a scheduled copy becomes receivable)."""
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
+
+
+def _deliveries_before(headers: Mapping[str, Any]) -> int:
+    value = headers.get(DELIVERIES_PROPERTY)
+    try:
+        return max(0, int(value)) if value is not None else 0
+    except (TypeError, ValueError):
+        logger.warning("ignoring a malformed %s property", DELIVERIES_PROPERTY)
+        return 0
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value

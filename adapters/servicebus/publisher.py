@@ -1,0 +1,100 @@
+"""Publishing outbox events (the relay's side) to Service Bus queues and topics, in batches.
+
+``message.destination`` names a queue or a topic; destination ``""`` means the routing key names a
+queue (commands, tests), as RabbitMQ's default exchange does. The message itself is built by
+:func:`adapters.servicebus.messages.outgoing_message`; batching, size checks and outcomes per
+publish are :mod:`adapters.servicebus.batching`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from adapters.servicebus.batching import EntityBatcher, Pending
+from adapters.servicebus.connection import Connection
+from adapters.servicebus.messages import outgoing_message
+from adapters.servicebus.settings import Namespace
+from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceBusPublisher(Publisher):
+    """Publish :class:`~consumer_kit.broker.OutgoingMessage` to Service Bus, batching concurrent
+    publishes per entity. The client is opened on first publish.
+
+    Args:
+        namespace: where and how to sign in.
+        confirm_timeout: seconds a publish waits for Service Bus's confirmation (and one batch send
+            may take).
+        batch_max_messages: most events per ``ServiceBusMessageBatch``.
+
+    Raises:
+        ValueError: on invalid arguments.
+    """
+
+    def __init__(self, namespace: Namespace, *, confirm_timeout: float = 10.0, batch_max_messages: int = 100) -> None:
+        if confirm_timeout <= 0:
+            raise ValueError("confirm_timeout must be > 0 seconds")
+        if batch_max_messages < 1:
+            raise ValueError("batch_max_messages must be >= 1")
+        self._namespace = namespace
+        self._confirm_timeout = confirm_timeout
+        self._batch_max_messages = batch_max_messages
+        self._connection: Connection | None = None
+        self._batchers: dict[str, EntityBatcher] = {}
+
+    async def publish(self, message: OutgoingMessage) -> None:
+        """Publish ``message`` and wait for Service Bus to confirm its batch.
+
+        Raises:
+            PublishError: permanent: too large for the entity (the limit is named), a message the
+                SDK cannot build, or refused as addressed when sent alone; row: no such queue or
+                topic (or disabled); transient: timeout, connection or link failure, throttling.
+                Publishing again with the same ``message_id`` is safe: duplicate detection, where
+                enabled, drops the repeat, and consumers deduplicate.
+        """
+        entity = message.destination or message.routing_key
+        if not entity:
+            raise PublishError(f"message_id={message.message_id} names no queue or topic", permanent=True)
+        try:
+            built = outgoing_message(message)
+        except (ValueError, TypeError) as exc:
+            raise PublishError(
+                f"message_id={message.message_id} cannot be built as a Service Bus message: {exc}", permanent=True
+            ) from exc
+        pending = Pending(built, message.message_id, len(message.body))
+        batcher = self._batcher(entity)
+        batcher.submit(pending)
+        try:
+            async with asyncio.timeout(self._confirm_timeout):
+                await asyncio.shield(pending.outcome)  # a publisher that gives up never cancels a batch
+        except TimeoutError as exc:
+            batcher.withdraw(pending)
+            raise PublishError(
+                f"publish of message_id={message.message_id} to {entity!r} not confirmed in time"
+            ) from exc
+        except asyncio.CancelledError:
+            batcher.withdraw(pending)
+            raise
+        logger.debug("published message_id=%s to %s", message.message_id, entity)
+
+    async def close(self) -> None:
+        """Let batches in flight finish (bounded), close every sender and the client (idempotent)."""
+        batchers, self._batchers = list(self._batchers.values()), {}
+        await asyncio.gather(*(b.close(self._confirm_timeout) for b in batchers))
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close(self._confirm_timeout)
+
+    def _batcher(self, entity: str) -> EntityBatcher:
+        batcher = self._batchers.get(entity)
+        if batcher is None:
+            if self._connection is None:
+                self._connection = Connection(self._namespace, name="consumer-kit publisher")
+            batcher = self._batchers[entity] = EntityBatcher(
+                self._connection.client, entity,
+                max_messages=self._batch_max_messages, send_timeout=self._confirm_timeout,
+            )
+        return batcher

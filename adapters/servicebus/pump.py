@@ -1,0 +1,214 @@
+"""One queue or subscription without sessions: a receiver, and at most ``prefetch`` messages locked.
+
+The pump asks Service Bus for exactly as many messages as it has free slots
+(``receive_messages(max_message_count=free)`` on a receiver without SDK prefetch), so every
+locked message is in the worker's hands, renewed by the lock keeper from the moment it arrives
+until it is released (:attr:`ServiceBusDelivery.released`), which frees its slot.
+
+Each receive runs under the pump's receive lock and waits at most ``receive_wait`` seconds for a
+first message; :meth:`EntityPump.quiesce` takes that lock, so once it returns no receive is in
+progress and none starts while deliveries are not wanted (pause, shutdown). A receive that fails
+(connection lost, link detached, entity gone) drops the receiver and re-creates it with
+exponential backoff (tenacity, 0.1 s doubling to 5 s) until it works; deliveries handed out on the
+old receiver cannot be settled anymore and come back from the broker when their locks lapse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
+from tenacity import AsyncRetrying, RetryCallState
+
+from adapters.servicebus.connection import BACKOFF, close_quietly
+from adapters.servicebus.copies import RetryCopies
+from adapters.servicebus.counters import ConsumerCounters
+from adapters.servicebus.delivery import ServiceBusDelivery
+from adapters.servicebus.entities import Entity
+from adapters.servicebus.errors import describe
+from adapters.servicebus.give_backs import GiveBacks
+from adapters.servicebus.renewal import LockKeeper
+from adapters.servicebus.route import Route
+from consumer_kit.broker import DeliveryCallback
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PumpContext:
+    """What every pump of one consumer shares.
+
+    Attributes:
+        client: makes receivers (each opens its own AMQP connection).
+        give_backs, counters, keeper: the consumer's.
+        running: set while deliveries are wanted (cleared on pause and on shutdown).
+        dispatch: hands a delivery to its callback in a task of the consumer's.
+        settle_timeout: seconds; bound on settlements, renewals, closing and quiescing.
+        receive_wait: seconds one receive call waits for a first message.
+        connect_timeout: seconds opening one receiver may take.
+    """
+
+    client: ServiceBusClient
+    give_backs: GiveBacks
+    counters: ConsumerCounters
+    keeper: LockKeeper
+    running: asyncio.Event
+    dispatch: Callable[[ServiceBusDelivery, DeliveryCallback], None]
+    settle_timeout: float
+    receive_wait: float
+    connect_timeout: float
+
+
+class EntityPump:
+    """Receives from one queue or subscription without sessions (see the module docstring).
+
+    Attributes:
+        healthy: the receiver is open and its last receive worked (readiness).
+    """
+
+    def __init__(self, entity: Entity, callback: DeliveryCallback, prefetch: int, context: PumpContext) -> None:
+        self.entity = entity
+        self._callback = callback
+        self._prefetch = prefetch
+        self._context = context
+        self._copies = (
+            RetryCopies(context.client, entity.path, close_timeout=context.settle_timeout)
+            if entity.is_queue else None
+        )
+        self._receiver: ServiceBusReceiver | None = None
+        self._route: Route | None = None
+        self._in_hand: set[ServiceBusDelivery] = set()
+        self._slot_freed = asyncio.Event()
+        self._receiving = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.healthy = False
+
+    async def open(self) -> None:
+        """Open the receiver now (so a missing entity or a refused sign-in fails the subscribe).
+
+        Raises:
+            azure.servicebus.exceptions.ServiceBusError, TimeoutError: it could not be opened.
+        """
+        receiver = self.entity.receiver(self._context.client)
+        try:
+            async with asyncio.timeout(self._context.connect_timeout):
+                await receiver.__aenter__()
+        except BaseException:
+            await close_quietly(receiver, self._context.settle_timeout, f"the receiver of {self.entity.path}")
+            raise
+        self._receiver = receiver
+        self._route = Route(
+            self.entity, receiver, self._context.give_backs, self._context.counters, copies=self._copies
+        )
+        self.healthy = True
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"consumer-kit servicebus pump {self.entity.path}")
+
+    async def quiesce(self) -> None:
+        """Return once no receive is in progress (at most ``settle_timeout`` seconds); none starts
+        afterwards while ``running`` is clear."""
+        await wait_unlocked(self._receiving, self._context.settle_timeout, f"a receive on {self.entity.path}")
+
+    async def close(self) -> None:
+        """Stop receiving, give held retries back now, close the receiver: what is unsettled goes
+        back to the broker when its lock lapses."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)))
+        if self._copies is not None:
+            await self._copies.close()
+        await self._drop_receiver()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._context.running.wait()
+            await self._wait_for_slot()
+            async with self._receiving:
+                if not self._context.running.is_set():
+                    continue
+                try:
+                    messages = await self._receive(self._prefetch - len(self._in_hand))
+                except Exception as exc:  # noqa: BLE001 - any failure: a new receiver
+                    failure: Exception | None = exc
+                else:
+                    failure = None
+            if failure is not None:
+                await self._reconnect(failure)
+                continue
+            for message in messages:
+                self._hand_out(message)
+
+    async def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
+        if self._receiver is None:
+            await self.open()
+        assert self._receiver is not None
+        async with asyncio.timeout(self._context.receive_wait + self._context.settle_timeout):
+            messages = await self._receiver.receive_messages(
+                max_message_count=count, max_wait_time=self._context.receive_wait
+            )
+        self.healthy = True
+        return messages
+
+    def _hand_out(self, message: ServiceBusReceivedMessage) -> None:
+        assert self._route is not None
+        delivery = ServiceBusDelivery(message, self._route, settle_timeout=self._context.settle_timeout)
+        self._in_hand.add(delivery)
+        delivery.on_released(self._free_slot)
+        self._context.keeper.keep(delivery, name=f"queue={self.entity.path} message_id={delivery.message_id}")
+        self._context.dispatch(delivery, self._callback)
+
+    def _free_slot(self, delivery: ServiceBusDelivery) -> None:
+        self._in_hand.discard(delivery)
+        self._slot_freed.set()
+
+    async def _wait_for_slot(self) -> None:
+        while len(self._in_hand) >= self._prefetch:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def _reconnect(self, failure: Exception) -> None:
+        """Drop the receiver and open a new one, backing off, until it works."""
+        self.healthy = False
+        logger.warning("receiving from %s failed (%s): re-creating the receiver", self.entity.path, describe(failure))
+        await self._drop_receiver()
+        async for attempt in AsyncRetrying(
+            wait=BACKOFF, before_sleep=log_attempt(f"re-creating the receiver of {self.entity.path}")
+        ):
+            with attempt:
+                await self.open()
+        self._context.counters.add("reconnects")
+        logger.info("receiver of %s re-created", self.entity.path)
+
+    async def _drop_receiver(self) -> None:
+        receiver, self._receiver, self._route = self._receiver, None, None
+        await close_quietly(receiver, self._context.settle_timeout, f"the receiver of {self.entity.path}")
+
+
+async def wait_unlocked(lock: asyncio.Lock, timeout: float, what: str) -> None:
+    """Return once ``lock`` is free (at most ``timeout`` seconds; past that, log ``what``)."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with lock:
+                pass
+    except TimeoutError:
+        logger.warning("%s did not end within %.1fs", what, timeout)
+
+
+def log_attempt(what: str) -> Callable[[RetryCallState], None]:
+    """A tenacity ``before_sleep``: one WARNING per failed attempt at ``what``."""
+
+    def log(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        logger.warning("%s: attempt %s failed (%s)", what, state.attempt_number, describe(exc))
+
+    return log

@@ -1,0 +1,96 @@
+"""Lock renewal: every lock the adapter holds is renewed at half its remaining time until released.
+
+What is held: each unsettled delivery of a queue or subscription (its message lock, from the
+moment it is received: a delivery waiting for a slot, behind a message that runs alone, keeps its
+lock too), each delivery whose delayed retry is being held (:mod:`adapters.servicebus.delivery`),
+and each session a session receiver holds (its session lock covers its messages).
+
+Timing: the next renewal is due when half of the time left on the lock (its ``locked_until``, from
+Service Bus) has passed, at least :data:`MIN_WAIT` and at most :data:`MAX_WAIT` seconds after the
+last one. A renewal that fails without losing the lock (a connection blip) is tried again on the
+same rule, so retries come quicker as the expiry nears. A lock reported lost
+(``MessageLockLostError``, ``SessionLockLostError``) is never renewed again: the lock holder marks
+itself lost, and the broker redelivers the message.
+
+The host clocks are assumed to be in sync with Service Bus's (``locked_until`` is server time),
+as the SDK's own ``AutoLockRenewer`` assumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import enum
+import logging
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+MIN_WAIT = 0.1  # seconds between two renewals of one lock, at least
+MAX_WAIT = 60.0  # seconds, at most (Service Bus locks last 5 s to 5 min)
+
+
+class Renewal(enum.Enum):
+    """What one renewal attempt found."""
+
+    RENEWED = "renewed"
+    LOST = "lost"  # the broker says the lock is gone: stop, the message comes back to someone
+    FAILED = "failed"  # no answer or another error: the lock may still hold, try again
+
+
+class Renewable(Protocol):
+    """A lock the keeper renews: a delivery's message lock or a session lock."""
+
+    @property
+    def released(self) -> asyncio.Event:
+        """Set once the lock needs no more renewal (settled, given back, lost, or left to expire)."""
+        ...
+
+    def locked_until(self) -> dt.datetime | None:
+        """When the lock expires (aware UTC), ``None`` when unknown."""
+        ...
+
+    async def renew(self) -> Renewal:
+        """One renewal attempt, bounded in time by the implementation; never raises."""
+        ...
+
+
+def seconds_until_renewal(locked_until: dt.datetime | None, now: dt.datetime) -> float:
+    """Seconds to wait before the next renewal: half the time left, within [MIN_WAIT, MAX_WAIT]."""
+    if locked_until is None:
+        return MIN_WAIT
+    remaining = (locked_until - now).total_seconds()
+    return min(MAX_WAIT, max(MIN_WAIT, remaining / 2))
+
+
+class LockKeeper:
+    """Runs one small renewal task per held lock (the locks count their own renewals)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def keep(self, lock: Renewable, *, name: str) -> None:
+        """Renew ``lock`` until its ``released`` event is set or it is lost; ``name`` shows in logs."""
+        task = asyncio.create_task(self._keep(lock, name), name=f"consumer-kit servicebus renew {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop renewing every lock (the consumer is closing: what is not settled goes back)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _keep(self, lock: Renewable, name: str) -> None:
+        while not lock.released.is_set():
+            wait = seconds_until_renewal(lock.locked_until(), dt.datetime.now(dt.UTC))
+            try:
+                async with asyncio.timeout(wait):
+                    await lock.released.wait()
+                return
+            except TimeoutError:
+                pass
+            if await lock.renew() is Renewal.LOST:
+                logger.warning("lock lost for %s: no longer renewed; the broker redelivers it", name)
+                return

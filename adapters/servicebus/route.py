@@ -1,0 +1,90 @@
+"""Where a delivery came from: the receiver that settles it, and the session lock that covers it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from azure.servicebus.aio import ServiceBusReceiver
+
+from adapters.servicebus.copies import RetryCopies
+from adapters.servicebus.counters import ConsumerCounters
+from adapters.servicebus.entities import Entity
+from adapters.servicebus.errors import LOCK_LOST, describe
+from adapters.servicebus.give_backs import GiveBacks
+from adapters.servicebus.renewal import Renewal
+
+logger = logging.getLogger(__name__)
+
+
+class SessionLock:
+    """The lock one session receiver holds on one session (it covers every message of the session
+    the receiver hands out). Renewed by the lock keeper while the receiver holds the session.
+
+    Args:
+        receiver: a session receiver, open.
+        timeout: seconds one renewal may take.
+        counters: the consumer's counters (``locks_lost``).
+
+    Attributes:
+        session_id: the session's id (the partition key of its messages).
+        released: set once the receiver gives the session up (or loses it).
+        lost: Service Bus reported the lock lost: nothing of the session may be settled anymore.
+    """
+
+    def __init__(self, receiver: ServiceBusReceiver, *, timeout: float, counters: ConsumerCounters) -> None:
+        self._receiver = receiver
+        self._timeout = timeout
+        self._counters = counters
+        self.session_id = receiver.session.session_id
+        self.released = asyncio.Event()
+        self.lost = False
+
+    def locked_until(self) -> dt.datetime | None:
+        return self._receiver.session.locked_until_utc
+
+    async def renew(self) -> Renewal:
+        """Renew the session lock once (bounded by ``timeout``); never raises."""
+        if self.lost:
+            return Renewal.LOST
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._receiver.session.renew_lock()
+        except LOCK_LOST:
+            self.mark_lost()
+            return Renewal.LOST
+        except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
+            logger.info("renewing session %s failed (%s)", self.session_id, describe(exc))
+            return Renewal.FAILED
+        self._counters.add("renewals")
+        return Renewal.RENEWED
+
+    def mark_lost(self) -> None:
+        if not self.lost:
+            self.lost = True
+            self._counters.add("locks_lost")
+            logger.warning("session %s lock lost: its messages come back to another receiver", self.session_id)
+        self.released.set()
+
+
+@dataclass(frozen=True)
+class Route:
+    """What a delivery needs from the receiver it came from.
+
+    Attributes:
+        entity: the queue or subscription.
+        receiver: the SDK receiver that locked the message (settlement goes through it).
+        give_backs: this process's abandons (``redelivered``, see :mod:`adapters.servicebus.give_backs`).
+        counters: the consumer's counters.
+        copies: schedules delayed-retry copies (queues without sessions), else ``None``.
+        session: the session lock covering the message (session entities), else ``None``.
+    """
+
+    entity: Entity
+    receiver: ServiceBusReceiver
+    give_backs: GiveBacks
+    counters: ConsumerCounters
+    copies: RetryCopies | None = None
+    session: SessionLock | None = None

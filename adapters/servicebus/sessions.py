@@ -1,0 +1,180 @@
+"""A session-enabled queue or subscription: sessions in parallel, each session's messages in order.
+
+Service Bus locks a whole session to one receiver and hands its messages out in order. The adapter
+runs ``prefetch`` *session slots* per entity; each slot, over and over:
+
+1. accepts the next available session (``session_id=NEXT_AVAILABLE_SESSION``, waiting up to
+   ``receive_wait`` seconds for one to have messages) and keeps its session lock renewed
+   (:class:`~adapters.servicebus.route.SessionLock`, by the lock keeper);
+2. receives **one** message, hands it to the worker and waits until it is released (settled, or a
+   held retry given back) before it receives the next: one session's messages are handled one at a
+   time, in order, whatever the worker's concurrency; different sessions run in parallel, up to
+   ``prefetch`` of them;
+3. gives the session up (closes the receiver) when it has no message within ``receive_wait``, when
+   deliveries are not wanted (pause, shutdown), when the worker handed a delivery back unsettled
+   (a simulated crash: closing makes Service Bus return it, counted, as a suspect), or when the
+   session lock is lost (``SessionLockLostError``: the delivery is no longer ours, never acked).
+
+A delayed retry of a session message is held (lock renewed, then abandoned when the delay is over,
+see :mod:`adapters.servicebus.delivery`): the abandoned message is again the first of its
+session, so order is kept. The session id is the delivery's ``partition_key``. Each accepted
+session is a new SDK receiver, hence a new AMQP connection: switching sessions costs a connection
+set-up (the SDK shares none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from azure.servicebus.aio import ServiceBusReceiver
+from azure.servicebus.exceptions import OperationTimeoutError
+from tenacity import AsyncRetrying, RetryCallState
+
+from adapters.servicebus.connection import BACKOFF, close_quietly
+from adapters.servicebus.delivery import ServiceBusDelivery
+from adapters.servicebus.entities import Entity
+from adapters.servicebus.errors import LOCK_LOST, describe
+from adapters.servicebus.pump import PumpContext, log_attempt, wait_unlocked
+from adapters.servicebus.route import Route, SessionLock
+from consumer_kit.broker import DeliveryCallback
+
+logger = logging.getLogger(__name__)
+
+
+class SessionPumps:
+    """``prefetch`` session slots on one session entity (see the module docstring).
+
+    Attributes:
+        healthy: no slot's last attempt to accept a session failed (readiness).
+    """
+
+    def __init__(self, entity: Entity, callback: DeliveryCallback, prefetch: int, context: PumpContext) -> None:
+        self.entity = entity
+        self._slots = [_SessionSlot(entity, callback, context, index) for index in range(prefetch)]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def healthy(self) -> bool:
+        return all(slot.healthy for slot in self._slots)
+
+    async def open(self) -> None:
+        """Nothing to check up front: a session receiver needs a session with messages."""
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(slot.run(), name=f"consumer-kit servicebus session slot {self.entity.path}#{slot.index}")
+            for slot in self._slots
+        ]
+
+    async def quiesce(self) -> None:
+        """Return once no slot is accepting a session or receiving (each bounded)."""
+        await asyncio.gather(*(slot.quiesce() for slot in self._slots))
+
+    async def close(self) -> None:
+        """Stop every slot: held retries are given back now and sessions are given up (messages still
+        unsettled go back to their sessions, counted)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(closing for slot in self._slots for closing in list(slot.closing)))
+
+
+class _SessionSlot:
+    """One session at a time, one message of it at a time."""
+
+    def __init__(self, entity: Entity, callback: DeliveryCallback, context: PumpContext, index: int) -> None:
+        self.entity = entity
+        self.index = index
+        self._callback = callback
+        self._context = context
+        self._receiving = asyncio.Lock()
+        self._current: ServiceBusDelivery | None = None
+        self.closing: set[asyncio.Task[None]] = set()  # receivers of given-up sessions, closing
+        self.healthy = True
+
+    async def quiesce(self) -> None:
+        await wait_unlocked(self._receiving, self._context.settle_timeout, f"a session receive on {self.entity.path}")
+
+    async def run(self) -> None:
+        while True:
+            await self._context.running.wait()
+            receiver = await self._accept_with_backoff()
+            if receiver is None:
+                continue  # no session with messages within receive_wait, or not wanted now
+            lock = SessionLock(receiver, timeout=self._context.settle_timeout, counters=self._context.counters)
+            try:
+                await self._serve(receiver, lock)
+            finally:
+                await self._give_up(receiver, lock)
+
+    async def _accept_with_backoff(self) -> ServiceBusReceiver | None:
+        """:meth:`_accept`, re-tried with exponential backoff (tenacity) while it fails."""
+
+        def failed(state: RetryCallState) -> None:
+            self.healthy = False
+            log_attempt(f"accepting a session of {self.entity.path}")(state)
+
+        async for attempt in AsyncRetrying(wait=BACKOFF, before_sleep=failed):
+            with attempt:
+                receiver = await self._accept()
+        self.healthy = True
+        return receiver
+
+    async def _accept(self) -> ServiceBusReceiver | None:
+        """The next available session's receiver, ``None`` when none had messages in time."""
+        async with self._receiving:
+            if not self._context.running.is_set():
+                return None
+            receiver = self.entity.receiver(self._context.client, session_wait=self._context.receive_wait)
+            try:
+                async with asyncio.timeout(self._context.receive_wait + self._context.connect_timeout):
+                    await receiver.__aenter__()
+            except OperationTimeoutError:
+                await close_quietly(receiver, self._context.settle_timeout, "an idle session receiver")
+                return None
+            except BaseException:
+                await close_quietly(receiver, self._context.settle_timeout, "a session receiver")
+                raise
+        self._context.counters.add("sessions")
+        logger.debug("session %s of %s accepted by slot %s", receiver.session.session_id, self.entity.path, self.index)
+        return receiver
+
+    async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock) -> None:
+        self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
+        route = Route(self.entity, receiver, self._context.give_backs, self._context.counters, session=lock)
+        while not lock.lost:
+            async with self._receiving:
+                if not self._context.running.is_set():
+                    return
+                try:
+                    async with asyncio.timeout(self._context.receive_wait + self._context.settle_timeout):
+                        messages = await receiver.receive_messages(
+                            max_message_count=1, max_wait_time=self._context.receive_wait
+                        )
+                except LOCK_LOST:
+                    lock.mark_lost()
+                    return
+                except Exception as exc:  # noqa: BLE001 - give the session up; the slot goes on
+                    logger.warning("receiving session %s of %s failed (%s)", lock.session_id, self.entity.path, describe(exc))
+                    return
+            if not messages:
+                return  # the session is empty for now: take another one
+            delivery = self._current = ServiceBusDelivery(messages[0], route, settle_timeout=self._context.settle_timeout)
+            self._context.dispatch(delivery, self._callback)
+            await delivery.released.wait()
+            if delivery.settlement is None or delivery.lost:
+                return  # handed back unsettled or not settled as asked: give the session up
+
+    async def _give_up(self, receiver: ServiceBusReceiver, lock: SessionLock) -> None:
+        """Stop renewing and close the receiver (which releases the session) in the background: the
+        SDK's close waits up to a second for its keep-alive task, and the slot need not wait."""
+        current, self._current = self._current, None
+        if current is not None:
+            await current.end_hold()
+        lock.released.set()
+        closing = asyncio.create_task(
+            close_quietly(receiver, self._context.settle_timeout, f"session {lock.session_id} of {self.entity.path}")
+        )
+        self.closing.add(closing)
+        closing.add_done_callback(self.closing.discard)
