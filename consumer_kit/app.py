@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -20,15 +21,24 @@ class App:
     One handler per queue is the common case. Several handlers may share a queue; the header
     ``message-type`` then selects one (its ``message_type``, by default the model's class name).
 
+    ``events`` names the outbox destinations the handlers publish to (``ctx.publish(...,
+    destination=...)``); ``consumer-kit declare`` creates them (RabbitMQ: durable topic
+    exchanges) next to the queues, so consumers can bind before the first event.
+
     Example::
 
-        app = App("invoices")
+        app = App("invoices", events=["billing.events"])
         app.subscribe("invoices.commands", CreateInvoiceHandler())
     """
 
     name: str = "app"
     routes: dict[str, dict[str, Handler[Any]]] = field(default_factory=dict)
     startup: list[Callable[[AsyncConnection[Any]], Awaitable[None]]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        events, self.events = self.events, []
+        self.publishes(*events)
 
     def on_startup(
         self, hook: Callable[[AsyncConnection[Any]], Awaitable[None]]
@@ -52,8 +62,21 @@ class App:
             raise ConfigurationError(f"queue {queue!r} already has a handler for {message_type!r}")
         handlers[message_type] = handler
 
+    def publishes(self, *destinations: str) -> None:
+        """Name outbox destinations the app's handlers publish events to (see :attr:`events`).
+
+        Raises:
+            ConfigurationError: an empty destination name.
+        """
+        for destination in destinations:
+            if not destination:
+                raise ConfigurationError("event destination name must not be empty")
+            if destination not in self.events:
+                self.events.append(destination)
+
     @property
     def queues(self) -> list[str]:
+        """The subscribed queues, in subscription order."""
         return list(self.routes)
 
 
@@ -64,11 +87,14 @@ def load_app(path: str) -> App:
         ConfigurationError: bad path, import failure or not an ``App``.
     """
     module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"app path {path!r} must look like 'package.module:app'")
-    if module_name.endswith(".py"):
+    if _is_file_path(module_name):
         raise ConfigurationError(
-            f"app path {path!r} names a file: use the module name, e.g. {module_name[:-3]!r}:{attribute}"
+            f"app path {path!r} names a file: use the module name, e.g. "
+            f"'{_module_of_file(module_name)}:{attribute or 'app'}'"
+        )
+    if not module_name or not attribute:
+        raise ConfigurationError(
+            f"app path {path!r} must look like 'package.module:app', e.g. '{module_name or 'app'}:app'"
         )
     try:
         module = importlib.import_module(module_name)
@@ -80,3 +106,21 @@ def load_app(path: str) -> App:
     if not isinstance(app, App):
         raise ConfigurationError(f"{path!r} is not a consumer_kit.App (got {type(app).__name__})")
     return app
+
+
+def _is_file_path(name: str) -> bool:
+    return name.endswith(".py") or "/" in name or "\\" in name
+
+
+def _module_of_file(name: str) -> str:
+    """``pkg/app.py`` (or ``./pkg/app``, or an absolute path under the current directory) ->
+    ``pkg.app``: the module name a worker started in the current directory imports."""
+    path = Path(name.replace("\\", "/"))
+    if path.suffix == ".py":
+        path = path.with_suffix("")
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            return path.name  # outside the current directory: run from the file's directory
+    return ".".join(path.parts)

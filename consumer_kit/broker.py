@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumer_kit.errors import ConfigurationError
+
 logger = logging.getLogger("consumer_kit.broker")
 
 
@@ -191,6 +193,21 @@ class Consumer(abc.ABC):
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
         """Declare what the queue needs (DLQ, retry queues) and register ``callback`` for it."""
 
+    async def declare(self, queue: str) -> list[str]:
+        """Create ``queue`` and what it needs (dead-letter queue, retry queues) exactly as
+        :meth:`subscribe` would, without consuming, so that producers can send before any worker
+        has run (``consumer-kit declare``). Idempotent. Returns the names created or found.
+
+        Raises:
+            ConfigurationError: this broker cannot create queues from here (the default); create
+                them yourself (console, infrastructure as code).
+            ConnectionError: the broker cannot be reached.
+        """
+        raise ConfigurationError(
+            f"declaring queues is not supported by this broker ({type(self).__name__}): "
+            f"create queue {queue!r} and its dead-letter queue yourself"
+        )
+
     @abc.abstractmethod
     async def pause(self) -> None:
         """Stop handing out new deliveries on every subscription until :meth:`resume` (environment
@@ -261,6 +278,21 @@ class PublishError(Exception):
 
 class Publisher(abc.ABC):
     """The publishing side of a broker, used by the relay."""
+
+    async def declare(self, destination: str) -> None:
+        """Create the event destination ``destination`` as :meth:`publish` would on first use
+        (RabbitMQ: a durable topic exchange), so consumers can bind to it before the first
+        event (``consumer-kit declare``). Idempotent.
+
+        Raises:
+            ConfigurationError: this broker cannot create destinations from here (the default),
+                or refused this one (e.g. it exists as another kind); the text says which.
+            ConnectionError: the broker cannot be reached.
+        """
+        raise ConfigurationError(
+            f"declaring event destinations is not supported by this broker ({type(self).__name__}): "
+            f"create {destination!r} yourself"
+        )
 
     @abc.abstractmethod
     async def publish(self, message: OutgoingMessage) -> None:

@@ -1,4 +1,9 @@
-"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``demo``."""
+"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``demo``.
+
+Exit codes: 0 done (a worker stopped by SIGTERM/SIGINT too), 2 a mistake the user can fix (a
+setting out of range, no database named, wrong URL, schema not migrated), printed as
+``error: ...`` lines on stderr.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +18,17 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from consumer_kit.app import load_app
-from consumer_kit.console import fail, require_shared_broker, setup_logging, user_errors
+from consumer_kit.app import App, load_app
+from consumer_kit.console import (
+    read_settings,
+    require_database,
+    require_shared_broker,
+    setup_logging,
+    user_errors,
+)
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
-from consumer_kit.settings import Settings
+from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
 
 cli = typer.Typer(
     add_completion=False,
@@ -25,8 +36,9 @@ cli = typer.Typer(
     pretty_exceptions_enable=False,
     help="Idempotent message consumers: one business effect per operation.\n\n"
     "Configuration comes from CONSUMER_KIT_* environment variables: CONSUMER_KIT_DATABASE_URL "
-    "(unset: an embedded PostgreSQL under .consumer-kit/pgdata) and CONSUMER_KIT_BROKER_URL "
-    "(amqp://...; memory:// works only inside one process). See README.md for the rest.",
+    "(postgresql://...; 'embedded' for a throwaway embedded PostgreSQL under .consumer-kit/pgdata) "
+    "and CONSUMER_KIT_BROKER_URL (amqp://...; memory:// works only inside one process). See "
+    "README.md for the rest.",
 )
 
 
@@ -44,30 +56,53 @@ def _root(
 ) -> None:
     """Idempotent message consumers: one business effect per operation."""
 
-LogLevel = Annotated[str, typer.Option("--log-level", envvar="CONSUMER_KIT_LOG_LEVEL", help="DEBUG, INFO, WARNING")]
-
-
-def _settings(**overrides: Any) -> Settings:
-    try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:  # pydantic ValidationError: show it plainly
-        fail(f"invalid setting: {exc}")
+LogLevel = Annotated[
+    str,
+    typer.Option(
+        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
+        help="Level of consumer-kit's own logs: DEBUG (every delivery), INFO, WARNING, ERROR",
+    ),
+]
+LibraryLogLevel = Annotated[
+    str,
+    typer.Option(
+        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
+        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
+    ),
+]
+Embedded = Annotated[
+    bool,
+    typer.Option(
+        "--embedded",
+        help="Use a throwaway embedded PostgreSQL under CONSUMER_KIT_EMBEDDED_DATA_DIR "
+        "(same as CONSUMER_KIT_DATABASE_URL=embedded)",
+    ),
+]
+AppPath = Annotated[str, typer.Argument(help="The App, as package.module:attribute")]
 
 
 @cli.command()
 def migrate(
     schema: Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA or consumer_kit)")] = None,
+    embedded: Embedded = False,
     log_level: LogLevel = "INFO",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
-    """Create or upgrade the ledger and outbox tables (idempotent; safe to run concurrently)."""
-    setup_logging(log_level)
-    settings = _settings(db_schema=schema)
+    """Create or upgrade the ledger and outbox tables (idempotent; safe to run concurrently).
+
+    Reads only CONSUMER_KIT_DATABASE_URL, CONSUMER_KIT_DB_SCHEMA and CONSUMER_KIT_EMBEDDED_DATA_DIR."""
+    setup_logging(log_level, library_log_level)
+    settings = read_settings(
+        DatabaseSettings, db_schema=schema, database_url=EMBEDDED if embedded else None,
+        options={"db_schema": "--schema"},
+    )
 
     async def run() -> list[int]:
         async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
             return await migrate_schema(conn, settings.db_schema)
 
     with user_errors(settings):
+        require_database(settings, "consumer-kit migrate")
         applied = asyncio.run(run())
     if applied:
         typer.echo(f"schema {settings.db_schema}: applied migrations {', '.join(map(str, applied))}")
@@ -77,23 +112,33 @@ def migrate(
 
 @cli.command()
 def worker(
-    app: Annotated[str, typer.Argument(help="The App to run, as package.module:attribute")],
+    app: AppPath,
     processes: Annotated[int, typer.Option(min=1, help="Worker processes under one supervisor")] = 1,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Deliveries in flight per process")] = None,
     migrate_first: Annotated[bool, typer.Option("--migrate/--no-migrate", help="Run migrations at start")] = False,
+    embedded: Embedded = False,
     log_level: LogLevel = "INFO",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
-    """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0)."""
-    setup_logging(log_level)
-    settings = _settings(concurrency=concurrency)
+    """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0).
+
+    Needs CONSUMER_KIT_BROKER_URL and CONSUMER_KIT_DATABASE_URL (or --embedded)."""
+    setup_logging(log_level, library_log_level)
+    settings = read_settings(
+        Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None,
+        options={"concurrency": "--concurrency"},
+    )
+    migrate_first = migrate_first or settings.embedded  # nobody runs `migrate` on a throwaway database
     sys.path.insert(0, os.getcwd())  # like uvicorn: APP may live in the current directory
     with user_errors(settings):
         require_shared_broker(settings, "consumer-kit worker")
+        require_database(settings, "consumer-kit worker")
         if processes > 1:
             from consumer_kit.supervisor import Supervisor, child_environment, worker_command
 
             env = child_environment(database_url(settings))
-            extra = ["--log-level", log_level] + (["--migrate"] if migrate_first else [])
+            extra = ["--log-level", log_level, "--library-log-level", library_log_level]
+            extra += ["--migrate"] if migrate_first else []
             if concurrency:
                 extra += ["--concurrency", str(concurrency)]
             raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
@@ -103,17 +148,64 @@ def worker(
 
 
 @cli.command()
+def declare(
+    app: AppPath,
+    log_level: LogLevel = "WARNING",
+    library_log_level: LibraryLogLevel = "WARNING",
+) -> None:
+    """Create the app's queues and the event destinations it names, as a worker would, so
+    producers can send (and consumers bind) before any worker has run.
+
+    RabbitMQ: per queue Q, Q itself, Q.dlq and one Q.retry.<ms>ms per retry delay (exactly what
+    the worker declares, from the same settings), and a durable topic exchange per event
+    destination (App(..., events=[...])). Idempotent. Needs CONSUMER_KIT_BROKER_URL; no database."""
+    setup_logging(log_level, library_log_level)
+    settings = read_settings(Settings)
+    sys.path.insert(0, os.getcwd())
+    with user_errors(settings):
+        require_shared_broker(settings, "consumer-kit declare")
+        application = load_app(app)
+        queues, events = asyncio.run(_declare(application, settings))
+    for names in queues:
+        typer.echo(f"queue {names[0]}" + (f" (with {', '.join(names[1:])})" if names[1:] else ""))
+    for destination in events:
+        typer.echo(f"event destination {destination}")
+    if not application.events:
+        typer.echo(f"(app {application.name!r} names no event destinations: App(..., events=[...]))")
+
+
+async def _declare(app: App, settings: Settings) -> tuple[list[list[str]], list[str]]:
+    """Declare ``app``'s queues through the consumer and its event destinations through the
+    publisher of ``settings.broker_url``; returns (names per queue, destinations)."""
+    from consumer_kit.brokers import open_consumer, open_publisher
+
+    consumer = open_consumer(settings)
+    try:
+        queues = [await consumer.declare(queue) for queue in app.queues]
+    finally:
+        await consumer.close()
+    publisher = open_publisher(settings)
+    try:
+        for destination in app.events:
+            await publisher.declare(destination)
+    finally:
+        await publisher.close()
+    return queues, list(app.events)
+
+
+@cli.command()
 def demo(
     log_level: LogLevel = "ERROR",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
     """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
 
     Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
     in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
     Exit code 0 when every balance equals the sum of the unique commands."""
-    setup_logging(log_level)
+    setup_logging(log_level, library_log_level)
     run_demo = _load_demo()
-    raise typer.Exit(asyncio.run(run_demo(_settings())))
+    raise typer.Exit(asyncio.run(run_demo(read_settings(Settings))))
 
 
 def _load_demo() -> Any:

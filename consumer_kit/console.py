@@ -1,6 +1,7 @@
 """What the command-line programs (``consumer-kit``, ``outbox-relay``) share: logging set-up,
-URL redaction, and one-line errors for the mistakes users make (wrong URL, schema not migrated,
-in-process broker across processes) instead of tracebacks."""
+reading settings, and one-line errors for the mistakes users make (a setting out of range, wrong
+URL, schema not migrated, in-process broker across processes, no database named) instead of
+tracebacks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import psycopg
 import typer
@@ -16,20 +17,68 @@ from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.settings import DatabaseSettings, Settings, redact_url, unknown_variables
 
 EXIT_USAGE = 2
 
+SettingsT = TypeVar("SettingsT", bound=DatabaseSettings)
 
-def setup_logging(level: str) -> None:
-    """``key=value`` lines on stderr at ``level``; the embedded server's own chatter stays quiet."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
-        stream=sys.stderr,
-    )
-    if logging.getLogger().level > logging.DEBUG:
-        logging.getLogger("pgserver").setLevel(logging.WARNING)
+OWN_LOGGERS = ("consumer_kit", "adapters", "outbox_relay")
+"""The loggers ``--log-level`` applies to; every other library's follow ``--library-log-level``."""
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def setup_logging(level: str, library_level: str = "WARNING") -> None:
+    """One line per record on stderr: consumer-kit's own loggers (:data:`OWN_LOGGERS`) at
+    ``level``, every other library (aio-pika, aiormq, psycopg, pgserver, ...) at
+    ``library_level``, so ``--log-level DEBUG`` shows each delivery without AMQP frame dumps.
+
+    Raises:
+        typer.Exit: (code 2) a level that is not one of :data:`LEVELS`.
+    """
+    own, libraries = _level(level, "--log-level"), _level(library_level, "--library-log-level")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s", stream=sys.stderr)
+    logging.getLogger().setLevel(libraries)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(own)
+
+
+def _level(name: str, option: str) -> int:
+    if name.upper() not in LEVELS:
+        fail(f"{option}={name}: must be one of {', '.join(LEVELS)} (e.g. INFO)")
+    return int(getattr(logging, name.upper()))
+
+
+def read_settings(
+    cls: type[SettingsT], *, options: dict[str, str] | None = None, **overrides: object
+) -> SettingsT:
+    """``cls`` from the environment and the command's options (``None``: not given), or exit 2
+    with one ``error:`` line per refused setting (variable, unit, range, example). Warns about
+    ``CONSUMER_KIT_*`` variables that look like a misspelt setting."""
+    for unknown in unknown_variables(set(cls.model_fields)):
+        logging.getLogger("consumer_kit.settings").warning("ignoring %s", unknown)
+    try:
+        return cls.from_environment(options=options, **overrides)
+    except ConfigurationError as exc:
+        fail(str(exc))
+
+
+def require_database(settings: DatabaseSettings, program: str) -> None:
+    """Refuse to start without ``CONSUMER_KIT_DATABASE_URL``: a forgotten URL must not make a
+    worker consume real messages into a throwaway embedded database (or a relay publish from
+    one, or ``migrate`` migrate one). The embedded database is used when asked for by name.
+
+    Raises:
+        ConfigurationError: ``database_url`` is unset.
+    """
+    if settings.database_url is None:
+        raise ConfigurationError(
+            f"{program} needs a database: set CONSUMER_KIT_DATABASE_URL (e.g. "
+            "postgresql://postgres:postgres@127.0.0.1:5432/postgres), or "
+            "CONSUMER_KIT_DATABASE_URL=embedded for a throwaway embedded PostgreSQL under "
+            f"{settings.embedded_data_dir}"
+        )
 
 
 def require_shared_broker(settings: Settings, program: str) -> None:
@@ -48,14 +97,17 @@ def require_shared_broker(settings: Settings, program: str) -> None:
 
 
 def fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    """Print ``error: <line>`` on stderr for each line of ``message`` and exit with code 2."""
+    for line in message.splitlines() or [""]:
+        typer.echo(f"error: {line}", err=True)
     raise typer.Exit(EXIT_USAGE)
 
 
 @contextlib.contextmanager
-def user_errors(settings: Settings | None = None) -> Iterator[None]:
+def user_errors(settings: DatabaseSettings | None = None) -> Iterator[None]:
     """Turn the errors a user can fix into ``error: ...`` on stderr and exit code 2."""
-    where = f" at {redact_url(settings.database_url)}" if settings and settings.database_url else ""
+    url = settings.database_url if settings is not None and not settings.embedded else None
+    where = f" at {redact_url(url)}" if url else ""
     try:
         yield
     except ConfigurationError as exc:

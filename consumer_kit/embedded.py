@@ -1,4 +1,5 @@
-"""Embedded PostgreSQL (the ``pgserver`` package) for when no ``DATABASE_URL`` is set.
+"""Embedded PostgreSQL (the ``pgserver`` package): ``CONSUMER_KIT_DATABASE_URL=embedded``, and
+in-process runs (``consumer-kit demo``, tests on ``memory://``) that set no URL.
 
 pgserver ships PostgreSQL 16 binaries in its wheel, initialises a data directory and starts a
 server on a Unix socket (URL ``postgresql://postgres:@/postgres?host=<dir>``). Run as root, it
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.settings import Settings
+from consumer_kit.settings import DatabaseSettings
 
 logger = logging.getLogger("consumer_kit.embedded")
 
@@ -50,6 +51,13 @@ def embedded_database_url(data_dir: Path) -> str:
     return str(_servers[data_dir].get_uri())
 
 
-def database_url(settings: Settings) -> str:
-    """``settings.database_url``, or the embedded server's URL when unset."""
-    return settings.database_url or embedded_database_url(settings.embedded_data_dir)
+def database_url(settings: DatabaseSettings) -> str:
+    """``settings.database_url``, or the embedded server's URL when it is ``embedded`` or unset.
+
+    Raises:
+        ConfigurationError: the embedded server cannot start.
+    """
+    if settings.embedded:
+        return embedded_database_url(settings.embedded_data_dir)
+    assert settings.database_url is not None
+    return settings.database_url

@@ -7,8 +7,10 @@
 ``outbox-relay cleanup``    delete published rows older than the retention now
 
 Settings come from ``CONSUMER_KIT_*`` environment variables (see
-:class:`outbox_relay.settings.RelaySettings`); options override them. Exit codes: 0 done,
-2 configuration error (unknown destination, schema not migrated, bad value).
+:class:`outbox_relay.settings.RelaySettings`; ``status``, ``requeue`` and ``cleanup`` read only
+:class:`~outbox_relay.settings.OutboxSettings`); options override them. Exit codes: 0 done,
+2 configuration error (a setting out of range, no database named, PostgreSQL or the broker
+unreachable or refusing at start-up, unknown destination, schema not migrated).
 """
 
 from __future__ import annotations
@@ -23,10 +25,17 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from consumer_kit.console import fail, require_shared_broker, setup_logging, user_errors
+from consumer_kit.console import (
+    read_settings,
+    require_database,
+    require_shared_broker,
+    setup_logging,
+    user_errors,
+)
 from consumer_kit.embedded import database_url
+from consumer_kit.settings import EMBEDDED
 from outbox_relay.relay import Relay
-from outbox_relay.settings import RelaySettings
+from outbox_relay.settings import OutboxSettings, RelaySettings
 from outbox_relay.store import OutboxStore
 
 app = typer.Typer(
@@ -36,7 +45,18 @@ app = typer.Typer(
 )
 
 LogLevel = Annotated[
-    str, typer.Option("--log-level", envvar="CONSUMER_KIT_LOG_LEVEL", help="DEBUG, INFO, WARNING")
+    str,
+    typer.Option(
+        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
+        help="Level of the relay's own logs: DEBUG, INFO, WARNING, ERROR",
+    ),
+]
+LibraryLogLevel = Annotated[
+    str,
+    typer.Option(
+        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
+        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
+    ),
 ]
 Schema = Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA)")]
 MaxAttempts = Annotated[
@@ -44,11 +64,30 @@ MaxAttempts = Annotated[
 ]
 
 
-def _settings(**overrides: Any) -> RelaySettings:
-    try:
-        return RelaySettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:  # pydantic ValidationError: show it plainly
-        fail(f"invalid setting: {exc}")
+OPTIONS = {
+    "db_schema": "--schema",
+    "relay_batch_size": "--batch-size",
+    "relay_max_in_flight": "--max-in-flight",
+    "relay_poll_interval": "--poll-interval",
+    "relay_claim_timeout": "--claim-timeout",
+    "relay_max_attempts": "--max-attempts",
+    "relay_destinations_file": "--destinations",
+    "relay_health_file": "--health-file",
+    "relay_health_port": "--health-port",
+    "relay_id": "--relay-id",
+    "relay_retention": "--retention",
+}
+"""Setting -> the option that overrides it, so an error names what the user typed."""
+
+
+def _outbox_settings(schema: str | None, max_attempts: int | None = None, **overrides: Any) -> OutboxSettings:
+    """The settings of the maintenance commands (database and outbox rules only), or exit 2."""
+    settings = read_settings(
+        OutboxSettings, options=OPTIONS, db_schema=schema, relay_max_attempts=max_attempts, **overrides
+    )
+    with user_errors(settings):
+        require_database(settings, "outbox-relay")
+    return settings
 
 
 @app.callback(invoke_without_command=True)
@@ -70,13 +109,23 @@ def run(
     health_file: Annotated[Path | None, typer.Option(help="Touched on every loop")] = None,
     health_port: Annotated[int | None, typer.Option(help="HTTP health on 127.0.0.1")] = None,
     relay_id: Annotated[str | None, typer.Option(help="Name written to claimed_by")] = None,
+    embedded: Annotated[
+        bool, typer.Option("--embedded", help="Use the embedded PostgreSQL (CONSUMER_KIT_DATABASE_URL=embedded)")
+    ] = False,
     log_level: LogLevel = "INFO",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
-    """Relay outbox rows to the broker until SIGTERM (or once, with --once)."""
+    """Relay outbox rows to the broker until SIGTERM (or once, with --once).
+
+    Probes PostgreSQL and the broker at start: a refused login, a wrong URL or a broker that is
+    down stops it at once (exit 2) with the reason."""
     if ctx.invoked_subcommand is not None:
         return
-    setup_logging(log_level)
-    settings = _settings(
+    setup_logging(log_level, library_log_level)
+    settings = read_settings(
+        RelaySettings,
+        options=OPTIONS,
+        database_url=EMBEDDED if embedded else None,
         db_schema=schema,
         relay_batch_size=batch_size,
         relay_max_in_flight=max_in_flight,
@@ -91,6 +140,7 @@ def run(
     )
     with user_errors(settings):
         require_shared_broker(settings, "outbox-relay")
+        require_database(settings, "outbox-relay")
         asyncio.run(_run(settings, once=once))
 
 
@@ -110,10 +160,11 @@ def status(
     max_attempts: MaxAttempts = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
     log_level: LogLevel = "WARNING",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
     """Print pending, retrying, claimed, parked, oldest pending age and published per minute."""
-    setup_logging(log_level)
-    settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
+    setup_logging(log_level, library_log_level)
+    settings = _outbox_settings(schema, max_attempts)
 
     async def read() -> tuple[Any, Any]:
         store = _store(settings)
@@ -157,10 +208,11 @@ def requeue(
     schema: Schema = None,
     max_attempts: MaxAttempts = None,
     log_level: LogLevel = "WARNING",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
     """Make parked rows claimable again (attempts reset to 0; last_error kept)."""
-    setup_logging(log_level)
-    settings = _settings(db_schema=schema, relay_max_attempts=max_attempts)
+    setup_logging(log_level, library_log_level)
+    settings = _outbox_settings(schema, max_attempts)
 
     async def go() -> int:
         async with await _connect(settings) as conn:
@@ -176,10 +228,11 @@ def cleanup(
     schema: Schema = None,
     retention: Annotated[float | None, typer.Option(help="Keep published rows (seconds)")] = None,
     log_level: LogLevel = "WARNING",
+    library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:
     """Delete published rows older than the retention, in bounded batches."""
-    setup_logging(log_level)
-    settings = _settings(db_schema=schema, relay_retention=retention)
+    setup_logging(log_level, library_log_level)
+    settings = _outbox_settings(schema, relay_retention=retention)
 
     async def go() -> int:
         store, total = _store(settings), 0
@@ -197,11 +250,11 @@ def cleanup(
     typer.echo(f"deleted {deleted} published rows")
 
 
-def _store(settings: RelaySettings) -> OutboxStore:
+def _store(settings: OutboxSettings) -> OutboxStore:
     return OutboxStore.from_settings(settings)
 
 
-async def _connect(settings: RelaySettings) -> psycopg.AsyncConnection[Any]:
+async def _connect(settings: OutboxSettings) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True)
 
 

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import psycopg
 from opentelemetry import propagate, trace
@@ -41,11 +41,11 @@ from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.faults import FaultKind, classify
 from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
-from consumer_kit.settings import Settings
+from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry import describe_error
 from outbox_relay.counters import RelayCounters
 from outbox_relay.listener import NotifyListener
-from outbox_relay.reconnect import close_quietly, log_retry
+from outbox_relay.reconnect import close_quietly, connect_error, log_retry
 from outbox_relay.routing import Routing, UnknownDestination
 from outbox_relay.settings import RelaySettings
 from outbox_relay.store import ClaimedRow, Failure, OutboxStore
@@ -58,6 +58,14 @@ _BACKOFF_MAX = 5.0
 
 REQUIRED_MIGRATION = 102
 """The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
+
+
+@runtime_checkable
+class _Connectable(Protocol):
+    """A publisher that can open its broker connection before the first publish (RabbitMQ,
+    memory): the relay's start-up probe. Publishers without it are probed by their first publish."""
+
+    async def connect(self) -> None: ...
 
 
 class Relay:
@@ -127,15 +135,40 @@ class Relay:
             await self.close()
 
     async def start(self, *, listen: bool = True) -> None:
-        """Connect, check the schema and the destination map, open the publisher, LISTEN."""
+        """Probe the database and the broker, check the schema and the destination map, LISTEN.
+
+        Both are probed once, at once, so a wrong URL, a refused login or a broker that is down
+        stops the relay here with the reason instead of retrying forever or looking healthy
+        until the first event. Faults after start-up are retried, with the reason in the log.
+
+        Raises:
+            ConfigurationError: PostgreSQL refuses or cannot be reached (URL with the password
+                redacted, and the server's reason); the outbox is not migrated; pending rows use
+                destinations the destination map does not know.
+            ConnectionError: the broker cannot be reached (the adapter's reason).
+        """
+        try:
+            await self._start(listen)
+        except BaseException:
+            await self._release()  # nothing half-open is left behind
+            raise
+
+    async def _start(self, listen: bool) -> None:
         self._database_url = resolve_database_url(self.settings)
-        conn = await self._connection()
-        await self._check_schema(conn)
-        self.routing.check(await self.store.pending_destinations(conn))
+        try:
+            self._conn = await self._open_connection()
+        except psycopg.OperationalError as exc:
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact_url(self._database_url)}: {connect_error(exc)}"
+            ) from None
+        await self._check_schema(self._conn)
+        self.routing.check(await self.store.pending_destinations(self._conn))
         if self._publisher is None:
             from consumer_kit.brokers import open_publisher
 
             self._publisher = open_publisher(self.settings)
+        if isinstance(self._publisher, _Connectable):
+            await self._publisher.connect()
         if listen:
             self._listener = NotifyListener(
                 self._database_url, notify_channel(self.settings.db_schema), self._on_notify
@@ -145,10 +178,11 @@ class Relay:
         if self.settings.relay_health_port is not None:
             await self.health.serve(self.settings.relay_health_port)
         logger.info(
-            "relay %s started: schema=%s batch=%s in_flight=%s ordered=%s lease=%.1fs poll=%.1fs",
-            self.relay_id, self.settings.db_schema, self.settings.relay_batch_size,
-            self.settings.relay_max_in_flight, self.settings.relay_ordered,
-            self.settings.relay_claim_timeout, self.settings.relay_poll_interval,
+            "relay %s started: schema=%s broker=%s batch=%s in_flight=%s ordered=%s lease=%.1fs poll=%.1fs",
+            self.relay_id, self.settings.db_schema, redact_url(self.settings.broker_url),
+            self.settings.relay_batch_size, self.settings.relay_max_in_flight,
+            self.settings.relay_ordered, self.settings.relay_claim_timeout,
+            self.settings.relay_poll_interval,
         )
 
     def request_stop(self) -> None:
@@ -159,7 +193,16 @@ class Relay:
         self._wake.set()
 
     async def close(self) -> None:
-        """Stop listening, close the database connection and (if owned) the publisher."""
+        """Stop listening, close the database connection and (if owned) the publisher, and log
+        the run's counters at INFO (``relay <id> stopped: published=... claimed=...``)."""
+        await self._release()
+        totals = self.counters.snapshot()
+        logger.info(
+            "relay %s stopped: %s", self.relay_id,
+            " ".join(f"{k}={v}" for k, v in sorted(totals.items()) if v) or "nothing relayed",
+        )
+
+    async def _release(self) -> None:
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
@@ -173,7 +216,6 @@ class Relay:
             except Exception as exc:  # noqa: BLE001 - closing is best effort
                 logger.debug("closing the publisher failed (%s)", type(exc).__name__)
             self._publisher = None
-        logger.info("relay %s stopped: %s", self.relay_id, self.counters.snapshot())
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -444,14 +486,20 @@ class Relay:
         )
         async for attempt in retrying:
             with attempt:
-                self._conn = await AsyncConnection.connect(
-                    self._database_url,
-                    autocommit=True,
-                    connect_timeout=10,
-                    application_name="outbox-relay",
-                )
+                self._conn = await self._open_connection()
         assert self._conn is not None
         return self._conn
+
+    async def _open_connection(self) -> AsyncConnection[Any]:
+        """One attempt at the relay's autocommit connection.
+
+        Raises:
+            psycopg.OperationalError: refused or unreachable.
+        """
+        assert self._database_url is not None, "start() first"
+        return await AsyncConnection.connect(
+            self._database_url, autocommit=True, connect_timeout=10, application_name="outbox-relay"
+        )
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         try:

@@ -7,14 +7,17 @@ Durations are in seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
 from pathlib import Path
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
-from consumer_kit.settings import Settings
+from consumer_kit.settings import DatabaseSettings, Settings, count, example, seconds
 
 
 class RouteTarget(BaseModel):
@@ -36,53 +39,119 @@ def default_relay_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:4]}"
 
 
-class RelaySettings(Settings):
-    """Settings of ``outbox-relay`` (all durations in seconds).
+class OutboxSettings(DatabaseSettings):
+    """The outbox's own rules, shared by the relay and its maintenance commands (``outbox-relay
+    status``, ``requeue``, ``cleanup``, which read nothing else: a bad worker setting cannot break
+    them). Durations in seconds; every number has an enforced range.
 
     Raises (on construction):
-        pydantic.ValidationError: a value out of range.
+        pydantic.ValidationError: a value out of range, or settings that contradict each other.
     """
 
     relay_id: str = Field(default_factory=default_relay_id, description="Written to claimed_by.")
-    relay_batch_size: int = Field(default=200, ge=1, le=10_000, description="Rows claimed per batch.")
-    relay_max_in_flight: int = Field(
-        default=256, ge=1, le=10_000, description="Unconfirmed publishes at once."
+    relay_max_attempts: int = count(
+        20, unit="attempts", minimum=1, maximum=10_000, example=20,
+        description="Failed publishes before a row is parked (never deleted).",
     )
-    relay_poll_interval: float = Field(
-        default=2.0, gt=0, description="Fallback poll when no NOTIFY arrives (lost or missed)."
+    relay_claim_timeout: float = seconds(
+        60.0, minimum=1, maximum=3600, example=60,
+        description="Claim lease: another relay takes rows over after it. A batch publishes for at"
+        " most 80 % of it, which must leave room for a publish confirm: at least"
+        " 1.25 x SETTLE_TIMEOUT.",
     )
-    relay_claim_timeout: float = Field(
-        default=60.0, gt=0, description="Claim lease: another relay takes rows over after it."
+    relay_backoff_base: float = seconds(
+        1.0, minimum=0.05, maximum=3600, example=1,
+        description="First retry delay after a failed publish; doubles per attempt.",
     )
-    relay_max_attempts: int = Field(
-        default=20, ge=1, description="Failed publishes before a row is parked (never deleted)."
+    relay_backoff_max: float = seconds(
+        300.0, minimum=0.05, maximum=86_400, example=300,
+        description="Longest retry delay; at least RELAY_BACKOFF_BASE.",
     )
-    relay_backoff_base: float = Field(default=1.0, gt=0, description="First retry delay.")
-    relay_backoff_max: float = Field(default=300.0, gt=0, description="Longest retry delay.")
-    relay_transient_backoff_max: float = Field(
-        default=5.0, gt=0,
+    relay_transient_backoff_max: float = seconds(
+        5.0, minimum=0.05, maximum=3600, example=5,
         description="Longest retry delay after a broker/connection failure (such rows never park).",
     )
-    relay_ordered: bool = Field(
-        default=True,
-        description="Publish rows of one partition key one at a time in commit order.",
+    relay_retention: float = seconds(
+        7 * 24 * 3600.0, minimum=0, maximum=366 * 24 * 3600, example=604800,
+        description="Keep published rows this long (0: delete them at the next cleanup).",
     )
-    relay_retention: float = Field(
-        default=7 * 24 * 3600.0, ge=0, description="Keep published rows this long."
+    relay_cleanup_batch: int = count(
+        1000, unit="rows", minimum=1, maximum=100_000, example=1000,
+        description="Rows deleted per statement.",
     )
-    relay_cleanup_interval: float = Field(default=60.0, gt=0, description="Cleanup pass period.")
-    relay_cleanup_batch: int = Field(default=1000, ge=1, description="Rows deleted per statement.")
-    relay_destinations: dict[str, RouteTarget] | None = Field(
-        default=None,
-        description="Destination map (JSON in env). Unset: destination = exchange of that name.",
+
+    @model_validator(mode="after")
+    def _backoff_range(self) -> Self:
+        if self.relay_backoff_max < self.relay_backoff_base:
+            raise ValueError(
+                f"CONSUMER_KIT_RELAY_BACKOFF_MAX={self.relay_backoff_max:g} must be at least"
+                f" CONSUMER_KIT_RELAY_BACKOFF_BASE={self.relay_backoff_base:g} (seconds, e.g. 300 and 1)"
+            )
+        return self
+
+
+class RelaySettings(Settings, OutboxSettings):
+    """Settings of ``outbox-relay``: the shared ``CONSUMER_KIT_`` settings (the publisher reads
+    ``BROKER_URL`` and ``SETTLE_TIMEOUT``, its confirm timeout) plus ``CONSUMER_KIT_RELAY_*``.
+    Durations are in seconds; each number has a range, stated in its description and enforced.
+
+    Raises (on construction):
+        pydantic.ValidationError: a value out of range, or settings that contradict each other.
+    """
+
+    relay_batch_size: int = count(
+        200, unit="rows", minimum=1, maximum=10_000, example=200, description="Rows claimed per batch."
+    )
+    relay_max_in_flight: int = count(
+        256, unit="publishes", minimum=1, maximum=10_000, example=256,
+        description="Unconfirmed publishes at once.",
+    )
+    relay_poll_interval: float = seconds(
+        2.0, minimum=0.05, maximum=3600, example=2,
+        description="Fallback poll when no NOTIFY arrives (lost, missed, or OUTBOX_NOTIFY=false);"
+        " each poll is a claim query, hence the floor.",
+    )
+    relay_ordered: bool = example(
+        "true", "Publish rows of one partition key one at a time in commit order.",
+        default=True, rule="must be true or false",
+    )
+    relay_cleanup_interval: float = seconds(
+        60.0, minimum=1, maximum=86_400, example=60, description="Cleanup pass period."
+    )
+    relay_destinations: Annotated[dict[str, RouteTarget] | None, NoDecode] = example(
+        '{"billing.events": {"exchange": "billing"}}',
+        "Destination map (JSON). Unset: destination = exchange of that name.",
+        rule='must be a JSON object of destination -> {"exchange": ..., "routing_key": ...}',
     )
     relay_destinations_file: Path | None = Field(
         default=None, description="TOML or JSON file with a [destinations] table."
     )
     relay_health_file: Path | None = Field(default=None, description="Touched on every loop.")
-    relay_health_port: int | None = Field(
-        default=None, ge=0, le=65535, description="Tiny HTTP health endpoint on 127.0.0.1."
+    relay_health_port: int | None = count(
+        None, unit="TCP port", minimum=0, maximum=65_535, example=8082,
+        description="Tiny HTTP health endpoint on 127.0.0.1 (0: any free port).",
     )
+
+    @field_validator("relay_destinations", mode="before")
+    @classmethod
+    def _parse_destinations(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError("not JSON") from None
+        return value
+
+    @model_validator(mode="after")
+    def _lease_leaves_room_for_a_confirm(self) -> Self:
+        if self.publish_deadline < self.settle_timeout:
+            raise ValueError(
+                f"CONSUMER_KIT_RELAY_CLAIM_TIMEOUT={self.relay_claim_timeout:g} must be at least"
+                f" 1.25 x CONSUMER_KIT_SETTLE_TIMEOUT={self.settle_timeout:g} (seconds): a batch"
+                " publishes for 80 % of the claim lease, which must leave time for a publish"
+                " confirm, else rows never publish and never park (e.g. 60 with 10)"
+            )
+        return self
 
     @property
     def publish_deadline(self) -> float:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import AsyncConnection, sql
 
 if TYPE_CHECKING:
-    from outbox_relay.settings import RelaySettings
+    from outbox_relay.settings import OutboxSettings
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class OutboxStore:
     """
 
     @classmethod
-    def from_settings(cls, settings: RelaySettings) -> OutboxStore:
+    def from_settings(cls, settings: OutboxSettings) -> OutboxStore:
         """The store for ``settings``' schema, relay id, attempts, lease and backoff."""
         return cls(
             settings.db_schema,

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from tenacity import RetryCallState, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_not_exception_type,
+    stop_after_delay,
+    wait_exponential,
+)
 
-from adapters.rabbitmq.errors import describe
+from adapters.rabbitmq.errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
+from consumer_kit.settings import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +53,39 @@ async def open_connection(url: str, *, timeout: float, name: str) -> AbstractCon
     (``consumer-kit consumer``, ``consumer-kit publisher``).
 
     Raises:
+        VhostUnavailable: the URL's vhost does not exist or the user may not use it.
         aiormq.exceptions.AMQPConnectionError, OSError, TimeoutError: no connection.
     """
-    return await aio_pika.connect(
-        url, timeout=timeout, client_properties={"connection_name": name}
-    )
+    try:
+        return await aio_pika.connect(
+            url, timeout=timeout, client_properties={"connection_name": name}
+        )
+    except aio_pika.exceptions.AMQPError as exc:
+        if is_vhost_refusal(exc):
+            raise VhostUnavailable(url) from None
+        raise
+
+
+async def connect_retrying(url: str, connect: Callable[[], Awaitable[object]], *, within: float) -> None:
+    """Run ``connect()`` until it succeeds, backing off (:data:`BACKOFF`) for at most ``within``
+    seconds; a refusal that retrying cannot fix (credentials, vhost, permissions) ends it at once.
+
+    Raises:
+        ConnectionError: ``"cannot connect to RabbitMQ at <url, password redacted>: <reason>"``.
+    """
+    where = f"RabbitMQ at {redact_url(url)}"
+    try:
+        async for attempt in AsyncRetrying(
+            wait=BACKOFF,
+            stop=stop_after_delay(within),
+            retry=retry_if_not_exception_type(REFUSED),
+            before_sleep=log_retries(f"connecting to {where}"),
+            reraise=True,
+        ):
+            with attempt:
+                await connect()
+    except Exception as exc:
+        raise ConnectionError(f"cannot connect to {where}: {describe(exc)}") from exc
 
 
 def is_open(connection: AbstractConnection | None) -> bool:

@@ -23,17 +23,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    retry_if_not_exception_type,
-    stop_after_delay,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from adapters.rabbitmq.connection import BACKOFF, close_quietly, is_open, log_retries, open_connection
+from adapters.rabbitmq.connection import (
+    BACKOFF,
+    close_quietly,
+    connect_retrying,
+    is_open,
+    log_retries,
+    open_connection,
+)
 from adapters.rabbitmq.delivery import RabbitMQDelivery
-from adapters.rabbitmq.errors import REFUSED, describe
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
 from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
@@ -170,6 +170,25 @@ class RabbitMQConsumer(Consumer):
             )
         logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
 
+    async def declare(self, queue: str) -> list[str]:
+        """Declare ``queue``'s topology exactly as :meth:`subscribe` does (DLQ, one retry queue
+        per delay tier, the work queue; :mod:`adapters.rabbitmq.topology`), without consuming.
+        Returns the names, work queue first.
+
+        Raises:
+            RuntimeError: the consumer was closed.
+            ConnectionError: no connection within ``reconnect_timeout`` seconds (a missing vhost
+                or refused login at once).
+            aio_pika.exceptions.AMQPError: the broker refused a declaration.
+        """
+        if self._closed:
+            raise RuntimeError("consumer is closed")
+        names = self._names_for(queue)
+        async with self._lock:
+            connection = await self._ensure_connection()
+            await self._declarer.declare(connection, names)
+        return [names.queue, names.dlq, *(name for _, name in names.retry_tiers)]
+
     async def pause(self) -> None:
         """Cancel every consumer, keeping the channels: no new deliveries until :meth:`resume`;
         deliveries in flight still settle. Idempotent; each cancel is bounded by
@@ -293,21 +312,7 @@ class RabbitMQConsumer(Consumer):
     async def _ensure_connection(self) -> AbstractConnection:
         if self._connection is not None and is_open(self._connection):
             return self._connection
-        try:
-            async for attempt in AsyncRetrying(
-                wait=BACKOFF,
-                stop=stop_after_delay(self._reconnect_timeout),
-                # Wrong credentials or vhost will not fix themselves: fail at once.
-                retry=retry_if_not_exception_type(REFUSED),
-                before_sleep=log_retries(f"connecting to RabbitMQ at {redact_url(self._url)}"),
-                reraise=True,
-            ):
-                with attempt:
-                    await self._connect()
-        except Exception as exc:
-            raise ConnectionError(
-                f"cannot connect to RabbitMQ at {redact_url(self._url)}: {describe(exc)}"
-            ) from exc
+        await connect_retrying(self._url, self._connect, within=self._reconnect_timeout)
         assert self._connection is not None
         return self._connection
 

@@ -20,14 +20,52 @@ any close caused by another message on a shared channel                    is at
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlsplit
+
 import aiormq.exceptions
 
 from consumer_kit.broker import PublishError
+
+
+class VhostUnavailable(ConnectionError):
+    """The broker closed the connection when it was asked to open the URL's vhost: the vhost
+    does not exist, or the user has no permission on it (RabbitMQ answers both the same way)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        vhost = vhost_of(url)
+        user = parts.username or "guest"
+        super().__init__(
+            f"vhost {vhost!r} does not exist or user {user!r} may not use it (create it: "
+            f"rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions -p {vhost} {user} "
+            "'.*' '.*' '.*'; or fix the vhost in the URL's path)"
+        )
+        self.vhost = vhost
+
+
+def vhost_of(url: str) -> str:
+    """The vhost an AMQP URL names: its path without the leading ``/``, unquoted; ``/`` when
+    the path is empty or ``/`` (aio-pika's reading)."""
+    path = urlsplit(url).path
+    return "/" if path in ("", "/") else unquote(path[1:])
+
+
+def is_vhost_refusal(exc: BaseException) -> bool:
+    """True for aiormq's answer to a Connection.Close in reply to Connection.Open (an
+    ``InvalidFrameError`` "Expected ... Connection.OpenOk, got <Connection.Close ...>"), which is
+    how RabbitMQ refuses a vhost that is missing or not permitted."""
+    text = str(exc)
+    return (
+        isinstance(exc, aiormq.exceptions.InvalidFrameError)
+        and "Connection.OpenOk" in text and "Connection.Close" in text
+    )
+
 
 REFUSED = (
     aiormq.exceptions.AuthenticationError,
     aiormq.exceptions.ProbableAuthenticationError,
     aiormq.exceptions.ConnectionNotAllowed,
+    VhostUnavailable,
 )
 """Connection errors that retrying cannot fix (credentials, permissions, missing vhost)."""
 

@@ -28,12 +28,13 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
-from adapters.rabbitmq.connection import close_quietly, is_open, open_connection
-from adapters.rabbitmq.errors import describe, is_refusal, publish_error
+from adapters.rabbitmq.connection import close_quietly, connect_retrying, is_open, open_connection
+from adapters.rabbitmq.errors import describe, is_refusal, publish_error, reply_of
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
 from adapters.rabbitmq.topology import declare_topic_exchange
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,38 @@ class RabbitMQPublisher(Publisher):
                 await self._reset(connection)
             raise publish_error(exc, message.message_id, message.destination, alone=False) from exc
         self._check_returned(message, result)
+
+    async def connect(self, *, within: float = 30.0) -> None:
+        """Open the connection and the publishing channel now (the relay's start-up probe),
+        retrying for at most ``within`` seconds.
+
+        Raises:
+            ConnectionError: no connection: the URL (password redacted) and the reason; a missing
+                vhost or a refused login at once.
+        """
+        await connect_retrying(self._url, self._ready, within=within)
+
+    async def declare(self, destination: str) -> None:
+        """Declare ``destination`` as a durable topic exchange, as the first publish to it would
+        (``""``, the default exchange, always exists).
+
+        Raises:
+            ConnectionError: no connection (see :meth:`connect`).
+            ConfigurationError: the broker refused it (e.g. it exists as another exchange type,
+                access refused); the broker's reply text says why.
+        """
+        await self.connect()
+        if destination == "" or destination in self._exchanges:
+            return
+        assert self._connection is not None
+        try:
+            await declare_topic_exchange(self._connection, destination, self._confirm_timeout)
+        except aio_pika.exceptions.AMQPError as exc:
+            code, text = reply_of(exc)
+            raise ConfigurationError(
+                f"RabbitMQ refused exchange {destination!r} (reply {code}): {text or describe(exc)}"
+            ) from exc
+        self._exchanges.add(destination)
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""

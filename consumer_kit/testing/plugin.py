@@ -12,10 +12,16 @@ Fixtures:
     consumer_kit_harness: a factory ``consumer_kit_harness(*handlers, setup_sql=..., **settings)``
         returning a :class:`consumer_kit.testing.Harness` (use it with ``async with``) on a
         throwaway schema of ``ck_database_url``.
+
+``async def`` tests that take one of these fixtures run on pytest-asyncio (installed with the
+``consumer-kit[testing]`` extra) without a marker or an ``asyncio_mode`` setting: the plugin marks
+them ``asyncio`` as they are collected, in strict mode too. Other async tests are left to your own
+configuration.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -25,13 +31,30 @@ import pytest
 if TYPE_CHECKING:
     from consumer_kit.testing.harness import Harness
 
+KIT_FIXTURES = frozenset({"ck_database_url", "ck_memory_broker", "consumer_kit_harness"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> None:
+    """Mark ``async def`` tests that take a kit fixture ``asyncio`` before pytest-asyncio sees
+    them (its strict mode runs only marked tests). Returns nothing: collection goes on as usual."""
+    if not inspect.iscoroutinefunction(obj) or not collector.config.pluginmanager.hasplugin("asyncio"):
+        return
+    try:
+        parameters = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return
+    marks = getattr(obj, "pytestmark", [])
+    if KIT_FIXTURES.intersection(parameters) and not any(m.name == "asyncio" for m in marks):
+        pytest.mark.asyncio(obj)
+
 
 @pytest.fixture(scope="session")
 def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The PostgreSQL URL the testing kit creates its throwaway schemas in."""
     for name in ("CONSUMER_KIT_TEST_DATABASE_URL", "CONSUMER_KIT_DATABASE_URL"):
         url = os.environ.get(name)
-        if url:
+        if url and url.strip().lower() != "embedded":
             yield url
             return
     from consumer_kit.embedded import embedded_database_url

@@ -94,6 +94,6 @@ async def create_tables(conn: AsyncConnection[Any]) -> None:
     await conn.execute(SCHEMA_SQL)
 
 
-app = App("invoices")
+app = App("invoices", events=["billing.events"])  # `consumer-kit declare` creates the exchange
 app.subscribe("invoices.commands", CreateInvoiceHandler())
 app.on_startup(create_tables)

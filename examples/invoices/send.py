@@ -1,5 +1,5 @@
-"""Send ``CreateInvoice`` commands to ``invoices.commands`` on RabbitMQ (start the worker first: it
-declares the queue).
+"""Send ``CreateInvoice`` commands to ``invoices.commands`` on RabbitMQ (the queue must exist:
+``consumer-kit declare examples.invoices.app:app`` creates it, as a worker does at start).
 
     python -m examples.invoices.send --order-id 418 --revision 2 --customer c-1 --amount 1250 --times 3
 
@@ -18,7 +18,7 @@ import typer
 
 from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Settings
-from consumer_kit.console import fail, require_shared_broker
+from consumer_kit.console import fail, read_settings, require_shared_broker, setup_logging
 from examples.invoices.app import CreateInvoice
 
 QUEUE = "invoices.commands"
@@ -33,7 +33,8 @@ def main(
     times: Annotated[int, typer.Option(min=1, help="Send the same command this many times")] = 1,
 ) -> None:
     """Publish the command ``times`` times with publisher confirms."""
-    settings = Settings()
+    setup_logging("WARNING", "CRITICAL")  # the error below says why; no library tracebacks
+    settings = read_settings(Settings)
     try:
         require_shared_broker(settings, "examples.invoices.send")
     except ConfigurationError as exc:
@@ -42,6 +43,7 @@ def main(
     async def send() -> None:
         publisher = RabbitMQPublisher(settings.broker_url)
         try:
+            await publisher.connect(within=0)  # down is down: say so at once
             for _ in range(times):
                 command = CreateInvoice(
                     order_id=order_id, revision=revision, customer_id=customer, amount_cents=amount,
@@ -59,8 +61,12 @@ def main(
 
     try:
         asyncio.run(send())
+    except ConnectionError as exc:  # the broker is down or refuses: names the URL, password redacted
+        fail(f"{exc}; is RabbitMQ running and CONSUMER_KIT_BROKER_URL right?")
     except PublishError as exc:
-        fail(f"{exc} (is the worker running? it declares {QUEUE})")
+        if exc.transient or exc.permanent:
+            fail(str(exc))
+        fail(f"{exc}: create it with `consumer-kit declare examples.invoices.app:app` (or start the worker)")
 
 
 if __name__ == "__main__":

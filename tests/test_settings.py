@@ -1,0 +1,230 @@
+"""Settings that validate but mean something else are refused, each with one line that names the
+variable, its unit, the allowed range and an example; commands read only what they use."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from consumer_kit.console import OWN_LOGGERS
+from consumer_kit.errors import ConfigurationError
+from consumer_kit.settings import DatabaseSettings, Settings, env_name, number, unknown_variables
+from outbox_relay.settings import OutboxSettings, RelaySettings
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CONSUMER_KIT_* variable of the caller's shell leaks into these tests."""
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("CONSUMER_KIT_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def cli_logging() -> Iterator[None]:
+    """The CLI sets logger levels; put them back so other tests' caplog sees what it expects."""
+    names = ["", *OWN_LOGGERS]
+    saved = {name: logging.getLogger(name).level for name in names}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def bounded_fields(cls: type[DatabaseSettings]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (name, dict(field.json_schema_extra))
+        for name, field in cls.model_fields.items()
+        if isinstance(field.json_schema_extra, dict) and "minimum" in field.json_schema_extra
+    ]
+
+
+DURATIONS = [(n, i) for n, i in bounded_fields(RelaySettings) if i["unit"] == "seconds"]
+COUNTS = [(n, i) for n, i in bounded_fields(RelaySettings) if i["unit"] != "seconds"]
+
+
+def refusal(cls: type[DatabaseSettings], **env: str) -> str:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        with pytest.raises(ConfigurationError) as refused:
+            cls.from_environment()
+    return str(refused.value)
+
+
+def test_every_duration_has_a_finite_range_with_a_floor_above_zero_where_zero_means_a_hot_loop() -> None:
+    ranges = {name: (info["minimum"], info["maximum"]) for name, info in DURATIONS}
+    assert ranges == {
+        "in_progress_delay": (0.05, 3600), "lock_timeout": (0.001, 3600),
+        "lease_seconds": (1, 86_400), "handler_timeout": (0.1, 86_400),
+        "settle_timeout": (0.1, 300), "statement_timeout": (0.5, 3600),
+        "probe_backoff_max": (0.5, 3600), "shutdown_timeout": (0.1, 3600),
+        "summary_interval": (1, 86_400), "relay_claim_timeout": (1, 3600),
+        "relay_backoff_base": (0.05, 3600), "relay_backoff_max": (0.05, 86_400),
+        "relay_transient_backoff_max": (0.05, 3600), "relay_retention": (0, 366 * 86_400),
+        "relay_poll_interval": (0.05, 3600), "relay_cleanup_interval": (1, 86_400),
+    }
+    for name, info in DURATIONS:  # the description a user reads states the same range
+        assert f"Seconds, {number(info['minimum'])} to {number(info['maximum'])}" in RelaySettings.model_fields[name].description
+
+
+@pytest.mark.parametrize("name, info", DURATIONS, ids=[n for n, _ in DURATIONS])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "below", "above"])
+def test_a_duration_out_of_range_is_refused_naming_variable_unit_range_and_example(
+    name: str, info: dict[str, Any], value: str
+) -> None:
+    given = {"below": f"{info['minimum'] - 0.0001:g}" if info["minimum"] else "-1",
+             "above": f"{info['maximum'] * 2:g}"}.get(value, value)
+    assert math.isnan(float(given)) or not info["minimum"] <= float(given) <= info["maximum"]
+    line = refusal(RelaySettings, **{env_name(name): given})
+    assert line == (
+        f"{env_name(name)}={given}: seconds, must be between {number(info['minimum'])} and "
+        f"{number(info['maximum'])} (e.g. {info['example']})"
+    )
+
+
+@pytest.mark.parametrize("name, info", COUNTS, ids=[n for n, _ in COUNTS])
+def test_a_count_out_of_range_is_refused_the_same_way(name: str, info: dict[str, Any]) -> None:
+    for given in (str(info["minimum"] - 1), str(info["maximum"] + 1)):
+        assert refusal(RelaySettings, **{env_name(name): given}) == (
+            f"{env_name(name)}={given}: {info['unit']}, must be between {info['minimum']} and "
+            f"{info['maximum']} (e.g. {info['example']})"
+        )
+
+
+def test_the_reported_lock_timeout_that_meant_no_limit_is_refused() -> None:
+    assert refusal(Settings, CONSUMER_KIT_LOCK_TIMEOUT="0.0004") == (
+        "CONSUMER_KIT_LOCK_TIMEOUT=0.0004: seconds, must be between 0.001 and 3600 (e.g. 5)"
+    )
+    assert Settings(lock_timeout=0.001).lock_timeout == 0.001  # the floor itself is allowed
+
+
+def test_the_reported_hot_loop_values_are_refused() -> None:
+    assert refusal(Settings, CONSUMER_KIT_IN_PROGRESS_DELAY="0").startswith(
+        "CONSUMER_KIT_IN_PROGRESS_DELAY=0: seconds, must be between 0.05 and 3600"
+    )
+    assert refusal(RelaySettings, CONSUMER_KIT_RELAY_POLL_INTERVAL="1e-6").startswith(
+        "CONSUMER_KIT_RELAY_POLL_INTERVAL=1e-6: seconds, must be between 0.05 and 3600"
+    )
+    assert refusal(RelaySettings, CONSUMER_KIT_RELAY_CLAIM_TIMEOUT="0.001").startswith(
+        "CONSUMER_KIT_RELAY_CLAIM_TIMEOUT=0.001: seconds, must be between 1 and 3600"
+    )
+
+
+def test_every_refused_setting_gets_its_own_line() -> None:
+    lines = refusal(
+        Settings, CONSUMER_KIT_LOCK_TIMEOUT="0", CONSUMER_KIT_CONCURRENCY="0",
+        CONSUMER_KIT_OUTBOX_NOTIFY="maybe",
+    ).splitlines()
+    assert lines == [
+        "CONSUMER_KIT_CONCURRENCY=0: deliveries, must be between 1 and 1024 (e.g. 8)",
+        "CONSUMER_KIT_LOCK_TIMEOUT=0: seconds, must be between 0.001 and 3600 (e.g. 5)",
+        "CONSUMER_KIT_OUTBOX_NOTIFY=maybe: must be true or false (e.g. false)",
+    ]
+
+
+@pytest.mark.parametrize("given, delays", [
+    ("1,5", [1.0, 5.0]), (" 1 , 5 ,30 ", [1.0, 5.0, 30.0]), ("[1, 5]", [1.0, 5.0]), ("0", [0.0]),
+    ("0.01,43200", [0.01, 43_200.0]),
+])
+def test_retry_delays_accept_a_comma_separated_list_or_json(
+    monkeypatch: pytest.MonkeyPatch, given: str, delays: list[float]
+) -> None:
+    monkeypatch.setenv("CONSUMER_KIT_RETRY_DELAYS", given)
+    assert Settings.from_environment().retry_delays == delays
+
+
+@pytest.mark.parametrize("given", [
+    "1,x", "1;5", "", "[1", "[1, NaN]", "[Infinity]", "-1", "43201", ",".join(["1"] * 21),
+])
+def test_bad_retry_delays_name_the_variable_and_the_format(given: str) -> None:
+    assert refusal(Settings, CONSUMER_KIT_RETRY_DELAYS=given) == (
+        f"CONSUMER_KIT_RETRY_DELAYS={given}: seconds each, a JSON list or comma-separated, "
+        "1 to 20 values between 0 and 43200 (e.g. 1,5,30)"
+    )
+
+
+def test_settings_that_contradict_each_other_are_refused_naming_both() -> None:
+    assert refusal(Settings, CONSUMER_KIT_LEASE_SECONDS="30", CONSUMER_KIT_HANDLER_TIMEOUT="60").startswith(
+        "CONSUMER_KIT_LEASE_SECONDS=30 must be longer than CONSUMER_KIT_HANDLER_TIMEOUT=60"
+    )
+    assert refusal(RelaySettings, CONSUMER_KIT_RELAY_CLAIM_TIMEOUT="10").startswith(
+        "CONSUMER_KIT_RELAY_CLAIM_TIMEOUT=10 must be at least 1.25 x CONSUMER_KIT_SETTLE_TIMEOUT=10"
+    )
+    assert refusal(OutboxSettings, CONSUMER_KIT_RELAY_BACKOFF_BASE="10", CONSUMER_KIT_RELAY_BACKOFF_MAX="5") == (
+        "CONSUMER_KIT_RELAY_BACKOFF_MAX=5 must be at least CONSUMER_KIT_RELAY_BACKOFF_BASE=10 "
+        "(seconds, e.g. 300 and 1)"
+    )
+    assert RelaySettings(relay_claim_timeout=12.5, settle_timeout=10).publish_deadline == 10
+
+
+def test_a_bad_destination_map_says_the_expected_shape() -> None:
+    assert refusal(RelaySettings, CONSUMER_KIT_RELAY_DESTINATIONS="{billing") == (
+        'CONSUMER_KIT_RELAY_DESTINATIONS={billing: must be a JSON object of destination -> '
+        '{"exchange": ..., "routing_key": ...} (e.g. {"billing.events": {"exchange": "billing"}})'
+    )
+
+
+def test_an_option_is_named_as_typed_and_a_url_never_shows_its_password() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        RelaySettings.from_environment(
+            relay_claim_timeout=0.5, options={"relay_claim_timeout": "--claim-timeout"}
+        )
+    assert str(refused.value) == "--claim-timeout=0.5: seconds, must be between 1 and 3600 (e.g. 60)"
+    with pytest.raises(ConfigurationError) as refused:
+        Settings.from_environment(broker_url=["amqp://u:s3cret@h/"])  # not a string at all
+    assert "s3cret" not in str(refused.value)
+
+
+def test_commands_that_touch_only_the_database_ignore_the_worker_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONSUMER_KIT_RETRY_DELAYS", "1;5")  # broke `consumer-kit migrate` before
+    monkeypatch.setenv("CONSUMER_KIT_LOCK_TIMEOUT", "0")
+    assert DatabaseSettings.from_environment(db_schema="s").db_schema == "s"
+    assert OutboxSettings.from_environment().relay_max_attempts == 20
+    with pytest.raises(ConfigurationError):
+        RelaySettings.from_environment()  # the relay itself reads the shared settings
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:
+    environ = {"CONSUMER_KIT_LOCK_TIMOUT": "5", "CONSUMER_KIT_DATABASE_URI": "x", "CONSUMER_KIT_LOCK_TIMEOUT": "5",
+               "CONSUMER_KIT_TEST_DATABASE_URL": "x", "CONSUMER_KIT_LOG_LEVEL": "DEBUG", "OTHER": "1"}
+    assert unknown_variables(set(Settings.model_fields), environ) == [
+        "CONSUMER_KIT_DATABASE_URI (did you mean CONSUMER_KIT_DATABASE_URL?)",
+        "CONSUMER_KIT_LOCK_TIMOUT (did you mean CONSUMER_KIT_LOCK_TIMEOUT?)",
+    ]
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_the_worker_refuses_a_bad_setting_in_one_line_with_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, cli_logging: None
+) -> None:
+    from consumer_kit.cli import cli
+
+    monkeypatch.setenv("CONSUMER_KIT_LOCK_TIMEOUT", "0.0004")
+    result = CliRunner().invoke(cli, ["worker", "examples.invoices.app:app"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: CONSUMER_KIT_LOCK_TIMEOUT=0.0004: seconds, must be between 0.001 and 3600 (e.g. 5)\n"
+
+
+def test_the_relay_names_the_option_that_was_out_of_range(cli_logging: None) -> None:
+    from outbox_relay.cli import app
+
+    result = CliRunner().invoke(app, ["--poll-interval", "0.000001"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: --poll-interval=1e-06: seconds, must be between 0.05 and 3600 (e.g. 2)\n"
+
+
+def test_an_unknown_log_level_is_refused(cli_logging: None) -> None:
+    from consumer_kit.cli import cli
+
+    result = CliRunner().invoke(cli, ["migrate", "--log-level", "LOUD"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: --log-level=LOUD: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (e.g. INFO)\n"
