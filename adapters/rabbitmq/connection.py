@@ -85,7 +85,8 @@ async def connect_retrying(url: str, connect: Callable[[], Awaitable[object]], *
             with attempt:
                 await connect()
     except Exception as exc:
-        raise ConnectionError(f"cannot connect to {where}: {describe(exc)}") from exc
+        reason = str(exc) if isinstance(exc, VhostUnavailable) else describe(exc)
+        raise ConnectionError(f"cannot connect to {where}: {reason}") from exc
 
 
 def is_open(connection: AbstractConnection | None) -> bool:

@@ -36,9 +36,8 @@ class VhostUnavailable(ConnectionError):
         vhost = vhost_of(url)
         user = parts.username or "guest"
         super().__init__(
-            f"vhost {vhost!r} does not exist or user {user!r} may not use it (create it: "
-            f"rabbitmqctl add_vhost {vhost} && rabbitmqctl set_permissions -p {vhost} {user} "
-            "'.*' '.*' '.*'; or fix the vhost in the URL's path)"
+            f"vhost {vhost!r} does not exist or user {user!r} may not use it (rabbitmqctl "
+            f"add_vhost {vhost}; rabbitmqctl set_permissions -p {vhost} {user} '.*' '.*' '.*')"
         )
         self.vhost = vhost
 

@@ -1,6 +1,7 @@
 """Copy this file next to your own handler's tests: every delivery guarantee in a few lines.
 
-Run it with ``pytest examples/testing_kit`` (needs pytest-asyncio). The database is
+Run it with ``pytest examples/testing_kit`` (``pip install 'consumer-kit[testing]'`` brings pytest
+and pytest-asyncio; the kit's plugin runs these ``async def`` tests without a marker). The database is
 ``CONSUMER_KIT_TEST_DATABASE_URL`` or ``CONSUMER_KIT_DATABASE_URL``; with neither set, the kit
 starts an embedded PostgreSQL for the session. Each harness works in a throwaway schema.
 """
@@ -11,8 +12,6 @@ import pytest
 
 from consumer_kit.testing import CrashPoint
 from examples.invoices.app import SCHEMA_SQL, CreateInvoiceHandler
-
-pytestmark = pytest.mark.asyncio
 
 ORDER = {
     "order_id": 418, "revision": 2, "customer_id": "c-1", "amount_cents": 1250,
