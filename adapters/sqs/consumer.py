@@ -20,6 +20,7 @@ import logging
 from adapters.sqs.client import SQSClient
 from adapters.sqs.config import MAX_VISIBILITY_SECONDS, SQSConfig
 from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.errors import describe, is_unreachable
 from adapters.sqs.heartbeat import Heartbeat
 from adapters.sqs.lanes import GroupLanes
 from adapters.sqs.queues import QueueDirectory, QueueInfo, recommended_max_receive_count
@@ -74,7 +75,7 @@ class SQSConsumer(Consumer):
         self.client = client or SQSClient(config, threads=concurrency + 2, pollers=4)
         self._minimum_receives = max_deliveries + crash_limit
         self._directory = QueueDirectory(
-            self.client, account_id=config.account_id, create_queues=config.create_queues,
+            self.client, account_id=config.account_id,
             max_receive_count=recommended_max_receive_count(max_deliveries, crash_limit),
         )
         self._settle_timeout = settle_timeout
@@ -126,7 +127,10 @@ class SQSConsumer(Consumer):
             raise RuntimeError("consumer is stopped")
         if queue in self._subscriptions:
             raise ValueError(f"queue {queue!r} is already subscribed")
-        info = await self._directory.lookup(queue, create=True)
+        if self.config.create_queues:
+            info = await self._directory.ensure(queue, dead_letters=True)
+        else:
+            info = await self._directory.lookup(queue)
         dead_letters = await self._directory.dead_letter_queue(info)
         visibility = self.config.visibility_timeout or info.visibility_timeout
         self._check(queue, info, visibility)
@@ -152,6 +156,25 @@ class SQSConsumer(Consumer):
             queue, info.name, "FIFO" if info.fifo else "standard", prefetch, visibility,
             "on" if self.heartbeat.enabled else "off", dead_letters.name,
         )
+
+    async def declare(self, queue: str) -> list[str]:
+        """Create ``queue`` with a redrive policy to a new ``<name>-dlq`` where it does not exist
+        (``consumer-kit declare``; :mod:`adapters.sqs.queues`); returns the SQS names of the queue
+        and its dead-letter queue. Idempotent.
+
+        Raises:
+            ConfigurationError: an existing queue has no dead-letter queue.
+            LookupError: a URL or ARN names no queue.
+            ConnectionError: SQS cannot be reached.
+        """
+        try:
+            info = await self._directory.ensure(queue, dead_letters=True)
+            dead_letters = await self._directory.dead_letter_queue(info)
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"SQS cannot be reached: {describe(exc)}") from exc
+            raise
+        return [info.name, dead_letters.name]
 
     async def pause(self) -> None:
         """Start no new poll until :meth:`resume`; held deliveries still settle. Idempotent."""

@@ -30,10 +30,18 @@ from adapters.sqs.batching import Batcher
 from adapters.sqs.client import SQSClient
 from adapters.sqs.config import SQSConfig
 from adapters.sqs.delivery import DEFAULT_GROUP
-from adapters.sqs.errors import BATCH_TOO_LONG, entry_publish_error, is_code, publish_error
+from adapters.sqs.errors import (
+    BATCH_TOO_LONG,
+    describe,
+    entry_publish_error,
+    is_code,
+    is_unreachable,
+    publish_error,
+)
 from adapters.sqs.queues import QueueDirectory, QueueInfo
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,21 @@ class SQSPublisher(Publisher):
                 self._directory.forget(target)
             raise publish_error(exc, message.message_id, queue.name) from exc
         logger.debug("published message_id=%s to queue=%s", message.message_id, queue.name)
+
+    async def declare(self, destination: str) -> None:
+        """Create the queue ``destination`` names where it does not exist (``consumer-kit
+        declare``): a plain queue, FIFO when the name ends in ``.fifo``. Idempotent.
+
+        Raises:
+            ConfigurationError: SQS refused to create it (the text says why).
+            ConnectionError: SQS cannot be reached.
+        """
+        try:
+            await self._directory.ensure(destination, dead_letters=False)
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"SQS cannot be reached: {describe(exc)}") from exc
+            raise ConfigurationError(f"cannot declare SQS queue {destination!r}: {describe(exc)}") from exc
 
     async def close(self) -> None:
         """Wait for batches in flight, then close the client (idempotent)."""

@@ -17,9 +17,10 @@ none), ``FifoQueue``, ``QueueArn`` and ``RedrivePolicy`` (``deadLetterTargetArn`
 
 **Dead-letter queue** of a work queue: its redrive policy's target when it has one (so one DLQ
 holds both consumer-kit's reasoned dead letters and SQS's own redrives), else ``<name>-dlq``
-(``<name>-dlq.fifo`` for FIFO). With ``create_queues=true`` a missing work queue is created with a
-redrive policy to a new ``-dlq`` queue (``maxReceiveCount`` =
-:func:`recommended_max_receive_count`); without it, a missing queue is a start-up error.
+(``<name>-dlq.fifo`` for FIFO). ``consumer-kit declare`` (and a worker with ``create_queues=true``)
+creates a missing work queue with a redrive policy to a new ``-dlq`` queue (``maxReceiveCount`` =
+:func:`recommended_max_receive_count`), and a missing event destination as a plain queue;
+otherwise a missing queue is a start-up error.
 """
 
 from __future__ import annotations
@@ -102,12 +103,11 @@ class QueueInfo:
 
 
 class QueueDirectory:
-    """Looks queues up (cached per target) and, with ``create_queues``, creates missing ones.
+    """Looks queues up (cached per target) and creates missing ones when asked.
 
     Args:
         client: the adapter's :class:`~adapters.sqs.client.SQSClient`.
         account_id: owner of queues named by plain name (``None``: the caller's account).
-        create_queues: create a missing work queue (with its ``-dlq`` and a redrive policy).
         max_receive_count: ``maxReceiveCount`` of the redrive policy of created queues.
     """
 
@@ -116,20 +116,18 @@ class QueueDirectory:
         client: SQSClient,
         *,
         account_id: str | None = None,
-        create_queues: bool = False,
         max_receive_count: int = 50,
     ) -> None:
         self._client = client
         self._account_id = account_id
-        self._create = create_queues
         self._max_receive_count = max_receive_count
         self._cache: dict[str, QueueInfo] = {}
 
-    async def lookup(self, target: str, *, create: bool = False) -> QueueInfo:
+    async def lookup(self, target: str) -> QueueInfo:
         """The queue ``target`` names (URL, ARN or consumer-kit name).
 
         Raises:
-            LookupError: no such queue (and ``create`` is off or ``create_queues`` is).
+            LookupError: no such queue.
             botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError: SQS refused or
                 did not answer.
         """
@@ -139,14 +137,35 @@ class QueueDirectory:
         try:
             url = await self._url_of(target)
         except Exception as exc:
-            if not is_code(exc, NON_EXISTENT_QUEUE):
-                raise
-            if not (create and self._create) or target.startswith(("https://", "http://", "arn:")):
+            if is_code(exc, NON_EXISTENT_QUEUE):
                 raise LookupError(f"no SQS queue {target!r} ({describe(exc)})") from exc
-            url = await self._create_with_dlq(sqs_queue_name(target))
+            raise
         info = await self._read(url)
         self._cache[target] = info
         return info
+
+    async def ensure(self, target: str, *, dead_letters: bool) -> QueueInfo:
+        """:meth:`lookup`, creating a missing queue named by a consumer-kit name first: with
+        ``dead_letters``, a work queue with a redrive policy to a new ``-dlq`` queue (module
+        docstring); without, a plain queue (an event destination). FIFO when the name ends in
+        ``.fifo``. Idempotent.
+
+        Raises:
+            LookupError: a URL or ARN names no queue (those are never created).
+            botocore errors: SQS refused (e.g. no ``sqs:CreateQueue`` permission) or did not answer.
+        """
+        try:
+            return await self.lookup(target)
+        except LookupError:
+            if target.startswith(("https://", "http://", "arn:")):
+                raise
+        name = sqs_queue_name(target)
+        if dead_letters:
+            await self._create_with_dlq(name)
+        else:
+            await self._client.call("create_queue", QueueName=name, Attributes=_fifo(name))
+            logger.info("created SQS queue %s", name)
+        return await self.lookup(target)
 
     async def dead_letter_queue(self, queue: QueueInfo) -> QueueInfo:
         """Where dead letters of ``queue`` go (module docstring).
@@ -199,7 +218,7 @@ class QueueDirectory:
         )
 
     async def _create_with_dlq(self, name: str) -> str:
-        fifo = {"FifoQueue": "true"} if name.endswith(FIFO_SUFFIX) else {}
+        fifo = _fifo(name)
         dlq = await self._client.call("create_queue", QueueName=dead_letter_name(name), Attributes=fifo)
         dlq_info = await self._read(str(dlq["QueueUrl"]))
         policy = {"deadLetterTargetArn": dlq_info.arn, "maxReceiveCount": self._max_receive_count}
@@ -208,3 +227,7 @@ class QueueDirectory:
         )
         logger.info("created SQS queue %s with dead-letter queue %s", name, dlq_info.name)
         return str(created["QueueUrl"])
+
+
+def _fifo(name: str) -> dict[str, str]:
+    return {"FifoQueue": "true"} if name.endswith(FIFO_SUFFIX) else {}
