@@ -1,0 +1,48 @@
+"""The memory broker in the contract suite: one named in-process broker per case."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+from adapters.memory import MemoryBroker, MemoryConsumer, get_broker
+from consumer_kit.broker import Consumer, Publisher
+from consumer_kit.settings import Settings
+from tests.contract.driver import DeadLetter, Driver, wait_until
+
+
+class MemoryDriver(Driver):
+    name = "memory"
+    size_limit = False  # DESIGN.md broker mapping: no size limit
+    lock_seconds = 1.0
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(queue)
+        self.url = f"memory://contract-{uuid.uuid4().hex[:8]}"
+        self.broker: MemoryBroker = get_broker(self.url, lock_timeout=30.0)
+
+    async def consumer(
+        self, settings: Settings, *, short_lock: bool = False, renewal: bool = True, copy_limit: int | None = None
+    ) -> Consumer:
+        self.broker.lock_timeout = self.lock_seconds if short_lock else 30.0
+        return MemoryConsumer(self.broker, renew_locks=renewal)
+
+    async def send(self, body: bytes, headers: dict[str, str] | None = None, message_id: str | None = None) -> str:
+        return self.broker.send(self.queue, body, message_id=message_id, headers=headers)
+
+    async def dead_letters(self, expected: int, timeout: float = 15.0) -> list[DeadLetter]:
+        async def arrived() -> bool:
+            return len(self.broker.dead_letters(self.queue)) >= expected
+
+        await wait_until(arrived, timeout)
+        return [
+            DeadLetter(d.message.message_id, d.message.body, d.reason, d.detail, copied=True)
+            for d in self.broker.dead_letters(self.queue)[:expected]
+        ]
+
+    async def depth(self) -> int:
+        # ready, locked and delayed messages of this broker (one queue per case)
+        return self.broker._outstanding
+
+    async def size_limited(self, limit: int) -> tuple[Publisher, str, Callable[[], Awaitable[int]]]:
+        raise NotImplementedError("the memory broker has no size limit")

@@ -1,0 +1,124 @@
+"""SQS (moto in server mode) in the contract suite: one standard queue and its DLQ per case."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from adapters.sqs import (
+    DEAD_LETTER_DETAIL_ATTRIBUTE,
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    SQSClient,
+    SQSConfig,
+    SQSPublisher,
+    consumer_from_settings,
+    headers_of,
+    recommended_max_receive_count,
+    sqs_queue_name,
+)
+from adapters.sqs.attributes import size_of
+from adapters.sqs.subscription import SYSTEM_ATTRIBUTES
+from consumer_kit.broker import Consumer, OutgoingMessage, Publisher
+from consumer_kit.settings import Settings
+from tests.contract.driver import DeadLetter, Driver, as_text
+from tests.contract.moto_server import sqs_url
+
+
+class SQSDriver(Driver):
+    name = "sqs"
+    lock_seconds = 1.0  # visibility=1 (whole seconds on SQS)
+
+    def __init__(self, queue: str, endpoint: str) -> None:
+        super().__init__(queue)
+        self.endpoint = endpoint
+        self.url = sqs_url(endpoint)
+        self.client = SQSClient(SQSConfig.from_url(self.url), threads=4, pollers=0)
+        self.publisher = SQSPublisher(SQSConfig.from_url(self.url), client=self.client)
+        self.queue_url = ""
+        self.dlq_url = ""
+        self._created: list[str] = []
+
+    async def open(self) -> None:
+        self.dlq_url = await self.create(sqs_queue_name(self.queue) + "-dlq")
+        dlq_arn = await self.arn(self.dlq_url)
+        policy = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": recommended_max_receive_count(3, 3)}
+        self.queue_url = await self.create(sqs_queue_name(self.queue), RedrivePolicy=json.dumps(policy))
+
+    async def create(self, name: str, **attributes: str) -> str:
+        reply = await self.client.call("create_queue", QueueName=name, Attributes=attributes)
+        url = str(reply["QueueUrl"])
+        self._created.append(url)
+        return url
+
+    async def arn(self, queue_url: str) -> str:
+        reply = await self.client.call("get_queue_attributes", QueueUrl=queue_url, AttributeNames=["QueueArn"])
+        return str(reply["Attributes"]["QueueArn"])
+
+    async def consumer(
+        self, settings: Settings, *, short_lock: bool = False, renewal: bool = True, copy_limit: int | None = None
+    ) -> Consumer:
+        options: dict[str, object] = {}
+        if short_lock:
+            options["visibility"] = int(self.lock_seconds)
+        if not renewal:
+            options["heartbeat"] = "off"
+        if copy_limit is not None:
+            for url in (self.queue_url, self.dlq_url):
+                await self.client.call(
+                    "set_queue_attributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(copy_limit)}
+                )
+        return consumer_from_settings(settings.model_copy(update={"broker_url": sqs_url(self.endpoint, **options)}))
+
+    async def send(self, body: bytes, headers: dict[str, str] | None = None, message_id: str | None = None) -> str:
+        message_id = message_id or str(uuid.uuid4())
+        await self.publisher.publish(
+            OutgoingMessage("", self.queue, message_id, body, "CreateInvoice", headers or {})
+        )
+        return message_id
+
+    async def dead_letters(self, expected: int, timeout: float = 15.0) -> list[DeadLetter]:
+        found: list[DeadLetter] = []
+        deadline = time.monotonic() + timeout
+        while len(found) < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(found)} of {expected} dead letters after {timeout} s")
+            reply = await self.client.call(
+                "receive_message", QueueUrl=self.dlq_url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                MessageAttributeNames=["All"], MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
+            )
+            for raw in reply.get("Messages", []):
+                await self.client.call("delete_message", QueueUrl=self.dlq_url, ReceiptHandle=raw["ReceiptHandle"])
+                headers = headers_of(raw.get("MessageAttributes"))
+                found.append(DeadLetter(
+                    message_id=as_text(headers.get("x-consumer-kit-message-id")) or raw["MessageId"],
+                    body=raw["Body"].encode("utf-8"),
+                    reason=as_text(headers.get(DEAD_LETTER_REASON_ATTRIBUTE)) or "redrive",
+                    detail=as_text(headers.get(DEAD_LETTER_DETAIL_ATTRIBUTE)),
+                    copied=DEAD_LETTER_REASON_ATTRIBUTE in headers,
+                    size=size_of(raw["Body"], raw.get("MessageAttributes", {})),
+                ))
+        return found[:expected]
+
+    async def depth(self) -> int:
+        return await self.depth_of(self.queue_url)
+
+    async def depth_of(self, queue_url: str) -> int:
+        reply = await self.client.call(
+            "get_queue_attributes", QueueUrl=queue_url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                            "ApproximateNumberOfMessagesDelayed"],
+        )
+        return sum(int(v) for v in reply["Attributes"].values())
+
+    async def size_limited(self, limit: int) -> tuple[Publisher, str, Callable[[], Awaitable[int]]]:
+        name = sqs_queue_name(self.queue) + "-small"
+        url = await self.create(name, MaximumMessageSize=str(limit))
+        return SQSPublisher(SQSConfig.from_url(self.url)), name, lambda: self.depth_of(url)
+
+    async def close(self) -> None:
+        for url in self._created:
+            await self.client.call("delete_queue", QueueUrl=url)
+        await self.publisher.close()
+        await self.client.close()
