@@ -31,7 +31,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 from adapters.servicebus.connection import close_quietly
 from adapters.servicebus.entities import sender_for
 from adapters.servicebus.errors import describe, is_refusal, publish_error
-from adapters.servicebus.limits import add_or_refuse, empty_batch, link_message_limit
+from adapters.servicebus.limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
 from consumer_kit.broker import PublishError
 
 logger = logging.getLogger(__name__)
@@ -125,18 +125,19 @@ class EntityBatcher:
                 pending.fail(publish_error(exc, pending.message_id, self.entity, alone=False))
             return
         for batch, members in packed:
-            await self._send(sender, batch, members)
+            # One message goes as itself: no batch envelope around it.
+            await self._send(sender, members[0].message if len(members) == 1 else batch, members)
         for pending in alone:
             await self._send(sender, pending.message, [pending])
 
     async def _pack(
         self, sender: ServiceBusSender, taken: list[Pending]
     ) -> tuple[list[tuple[ServiceBusMessageBatch, list[Pending]]], list[Pending]]:
-        """Batches of what fits, and what must go alone (premium large messages). Publishes too
-        large for the link are failed here, permanently, never sent."""
+        """Batches of what fits, and what must go alone. Publishes too large to be sent even alone
+        are failed here, permanently, never sent."""
         packed: list[tuple[ServiceBusMessageBatch, list[Pending]]] = []
         alone: list[Pending] = []
-        batch = await empty_batch(sender)
+        batch = await batch_for(sender)
         members: list[Pending] = []
         for pending in taken:
             if len(members) < self._max_messages and _fits(batch, pending):
@@ -144,24 +145,24 @@ class EntityBatcher:
                 continue
             if members:  # this batch is full: start the next one
                 packed.append((batch, members))
-                batch, members = await empty_batch(sender), []
+                batch, members = await batch_for(sender), []
                 if _fits(batch, pending):
                     members.append(pending)
                     continue
-            self._refuse_or_send_alone(pending, batch.max_size_in_bytes, link_message_limit(sender), alone)
+            await self._alone_or_refused(sender, pending, alone)
         if members:
             packed.append((batch, members))
         return packed, alone
 
-    def _refuse_or_send_alone(self, pending: Pending, batch_limit: int, link_limit: int, alone: list[Pending]) -> None:
-        if link_limit > batch_limit:
-            alone.append(pending)  # a premium large-message entity: Service Bus decides
+    async def _alone_or_refused(self, sender: ServiceBusSender, pending: Pending, alone: list[Pending]) -> None:
+        try:
+            await check_fits_alone(
+                sender, pending.message, body_size=pending.body_size, what=f"message_id={pending.message_id}"
+            )
+        except TooLarge as exc:
+            pending.fail(PublishError(str(exc), permanent=True))
             return
-        pending.fail(PublishError(
-            f"message_id={pending.message_id} (body {pending.body_size} bytes) does not fit the "
-            f"{batch_limit}-byte message limit of {self.entity!r}",
-            permanent=True,
-        ))
+        alone.append(pending)
 
     async def _send(
         self, sender: ServiceBusSender, payload: ServiceBusMessageBatch | ServiceBusMessage, members: list[Pending]

@@ -134,10 +134,11 @@ class ServiceBusDelivery(Delivery):
         if self._route.session is not None:
             return await self._route.session.renew()
         try:
-            async with asyncio.timeout(self.settle_timeout):
+            async with asyncio.timeout(self.settle_timeout), self._route.management:
                 await self._route.receiver.renew_message_lock(self._message)
         except LOCK_LOST:
-            self._lost_lock()
+            if not self.released.is_set():  # settled while the renewal was on its way: not a loss
+                self._lost_lock()
             return Renewal.LOST
         except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
             logger.info(
@@ -303,6 +304,10 @@ class ServiceBusDelivery(Delivery):
         elif not self._lock_lost:
             self._lock_lost = True
             self._route.counters.add("locks_lost")
+            logger.warning(
+                "lock lost for queue=%s message_id=%s: no longer ours, never acked; the broker redelivers it",
+                self.queue, self.message_id,
+            )
         self._mark_released()
 
 

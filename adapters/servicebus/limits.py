@@ -2,14 +2,18 @@
 
 Service Bus limits a message to the entity's maximum message size (256 KB on the standard tier,
 1 MB and up to 100 MB on premium), which the link reports when it opens, and a batch to the
-link's batch size (256 KB standard, 1 MB premium). :func:`empty_batch` makes a
-``ServiceBusMessageBatch`` bounded by the smaller of the two, so whatever fits it fits both; the
-SDK measures each message's exact encoded size as it is added. A message that does not fit an
-empty batch is too large (:class:`TooLarge`, never sent), except where the link allows larger
-messages than batches (premium large-message entities): then it is sent alone and Service Bus
-decides.
-"""
+link's batch size (256 KB standard, 1 MB premium). The SDK measures each message's encoded size as
+it is added to a ``ServiceBusMessageBatch``, but copies the first message's id, session id and
+partition key onto the batch envelope *after* measuring (up to three 128-character strings more
+on the wire than it counted), so:
 
+* a batch of several messages (:func:`batch_for`) is bounded by the smaller limit minus
+  :data:`ENVELOPE_MARGIN` bytes;
+* a message that does not fit such a batch goes alone (no envelope): :func:`check_fits_alone`
+  measures it against the smaller limit and raises :class:`TooLarge` (never sent) when it does not
+  fit, except where the link allows larger messages than batches (premium large-message entities):
+  then Service Bus decides.
+"""
 from __future__ import annotations
 
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
@@ -32,17 +36,30 @@ def link_message_limit(sender: ServiceBusSender) -> int:
     return int(getattr(sender, "_max_message_size_on_link", 0) or 0)
 
 
-async def empty_batch(sender: ServiceBusSender) -> ServiceBusMessageBatch:
-    """An empty batch bounded by the link's batch and message limits (opens the link if needed).
+ENVELOPE_MARGIN = 512
+"""Bytes kept free in a batch of several messages for what the SDK adds to its envelope unmeasured."""
+
+
+async def empty_batch(sender: ServiceBusSender, *, margin: int = 0) -> ServiceBusMessageBatch:
+    """An empty batch bounded by the link's batch and message limits less ``margin`` bytes (opens
+    the link if needed).
 
     Raises:
         azure.servicebus.exceptions.ServiceBusError: the link could not be opened.
     """
     batch = await sender.create_message_batch()
+    limit = batch.max_size_in_bytes
     message_limit = link_message_limit(sender)
-    if 0 < message_limit < batch.max_size_in_bytes:
-        batch = await sender.create_message_batch(max_size_in_bytes=message_limit)
+    if 0 < message_limit < limit:
+        limit = message_limit
+    if limit - margin != batch.max_size_in_bytes:
+        batch = await sender.create_message_batch(max_size_in_bytes=max(1, limit - margin))
     return batch
+
+
+async def batch_for(sender: ServiceBusSender) -> ServiceBusMessageBatch:
+    """An empty batch for several messages (see the module docstring)."""
+    return await empty_batch(sender, margin=ENVELOPE_MARGIN)
 
 
 def add_or_refuse(batch: ServiceBusMessageBatch, message: ServiceBusMessage) -> bool:

@@ -10,7 +10,7 @@ Service Bus) has passed, at least :data:`MIN_WAIT` and at most :data:`MAX_WAIT` 
 last one. A renewal that fails without losing the lock (a connection blip) is tried again on the
 same rule, so retries come quicker as the expiry nears. A lock reported lost
 (``MessageLockLostError``, ``SessionLockLostError``) is never renewed again: the lock holder marks
-itself lost, and the broker redelivers the message.
+itself lost (and logs it), and the broker redelivers the message.
 
 The host clocks are assumed to be in sync with Service Bus's (``locked_until`` is server time),
 as the SDK's own ``AutoLockRenewer`` assumes.
@@ -92,5 +92,5 @@ class LockKeeper:
             except TimeoutError:
                 pass
             if await lock.renew() is Renewal.LOST:
-                logger.warning("lock lost for %s: no longer renewed; the broker redelivers it", name)
+                logger.debug("stopped renewing %s: its lock is lost", name)
                 return

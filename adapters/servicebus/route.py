@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
 
@@ -32,10 +32,12 @@ class SessionLock:
         session_id: the session's id (the partition key of its messages).
         released: set once the receiver gives the session up (or loses it).
         lost: Service Bus reported the lock lost: nothing of the session may be settled anymore.
+        management: one ``$management`` request at a time on this receiver (see :class:`Route`).
     """
 
     def __init__(self, receiver: ServiceBusReceiver, *, timeout: float, counters: ConsumerCounters) -> None:
         self._receiver = receiver
+        self.management = asyncio.Lock()
         self._timeout = timeout
         self._counters = counters
         self.session_id = receiver.session.session_id
@@ -50,7 +52,7 @@ class SessionLock:
         if self.lost:
             return Renewal.LOST
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout), self.management:
                 await self._receiver.session.renew_lock()
         except LOCK_LOST:
             self.mark_lost()
@@ -80,6 +82,10 @@ class Route:
         counters: the consumer's counters.
         copies: schedules delayed-retry copies (queues without sessions), else ``None``.
         session: the session lock covering the message (session entities), else ``None``.
+        management: held around every ``$management`` request on ``receiver`` (lock renewals):
+            the SDK sends concurrent requests on one link with out-of-order delivery ids, which an
+            AMQP peer must refuse by closing the connection (seen as ``amqp:session:invalid-field,
+            sequencing error`` against the local test server), so they go one at a time.
     """
 
     entity: Entity
@@ -88,3 +94,4 @@ class Route:
     counters: ConsumerCounters
     copies: RetryCopies | None = None
     session: SessionLock | None = None
+    management: asyncio.Lock = field(default_factory=asyncio.Lock)

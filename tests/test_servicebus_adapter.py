@@ -1,0 +1,453 @@
+"""The Service Bus adapter through the real azure-servicebus SDK against the local test server.
+
+Settlement, ``redelivered``, lock renewal and loss, pause, reconnect and topic subscriptions; the
+sessions and the publisher have test modules of their own (``test_servicebus_sessions.py``,
+``test_servicebus_publisher.py``), the worker on PostgreSQL ``test_servicebus_end_to_end.py``.
+Every wait is bounded; waits for broker-side state poll the server, never sleep blindly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
+
+from adapters.servicebus import (
+    DELIVERIES_PROPERTY,
+    ORIGINAL_MESSAGE_ID_PROPERTY,
+    Entity,
+    GiveBacks,
+    Namespace,
+    ServiceBusDelivery,
+    ServiceBusSettings,
+)
+from adapters.servicebus.connection import Connection
+from adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
+from consumer_kit.brokers import adapter_for
+from consumer_kit.errors import ConfigurationError
+from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
+    Received,
+    SBEnv,
+    eventually,
+    sb_fixture,
+    sb_server_fixture,
+)
+from tests.tcp_proxy import TcpProxy
+
+LOCK = 1.0  # seconds: the short lock of the tests about locks
+CONNECTION_STRING = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=sender;SharedAccessKey=s3cr3t=="
+
+
+def settings(**values: object) -> ServiceBusSettings:
+    return ServiceBusSettings(**values)  # type: ignore[arg-type]
+
+
+# -- settings, names, bookkeeping (no server) -----------------------------------------------------
+
+
+def test_a_connection_string_namespace_never_shows_its_key() -> None:
+    namespace = Namespace.from_settings("servicebus://", settings(connection_string=CONNECTION_STRING))
+    assert namespace.fully_qualified_namespace == "ns.servicebus.windows.net"
+    assert namespace.description == "sb://ns.servicebus.windows.net (shared access key sender)"
+    assert "s3cr3t" not in repr(namespace) and "s3cr3t" not in namespace.description
+    assert "s3cr3t" not in repr(settings(connection_string=CONNECTION_STRING))
+    # sb:// works as well, and a URL naming the same namespace is fine
+    same = Namespace.from_settings("sb://NS.servicebus.windows.net", settings(connection_string=CONNECTION_STRING))
+    assert same.connection_string == CONNECTION_STRING
+
+
+def test_a_namespace_alone_signs_in_with_entra_id() -> None:
+    namespace = Namespace.from_settings("servicebus://ns.servicebus.windows.net", settings())
+    assert namespace.connection_string is None
+    assert namespace.description == "sb://ns.servicebus.windows.net (Microsoft Entra ID)"
+    try:
+        import azure.identity  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigurationError, match="azure-identity"):
+            Connection(namespace, name="test")
+
+
+@pytest.mark.parametrize(
+    ("url", "connection_string", "complaint"),
+    [
+        ("servicebus://", None, "needs a namespace"),
+        ("servicebus://key:s3cr3t@ns.servicebus.windows.net", None, "must not carry credentials"),
+        ("servicebus://other.servicebus.windows.net", CONNECTION_STRING, "names namespace"),
+        ("servicebus://", "SharedAccessKeyName=k;SharedAccessKey=v", "no Endpoint"),
+        ("amqp://ns", CONNECTION_STRING, "not a Service Bus URL"),
+    ],
+)
+def test_broker_settings_that_name_no_single_namespace_are_refused(
+    url: str, connection_string: str | None, complaint: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=complaint) as refused:
+        Namespace.from_settings(url, settings(connection_string=connection_string))
+    assert "s3cr3t" not in str(refused.value)
+
+
+def test_the_broker_url_schemes_find_this_adapter() -> None:
+    import adapters.servicebus
+
+    assert adapter_for("servicebus://") is adapters.servicebus
+    assert adapter_for("sb://ns.servicebus.windows.net") is adapters.servicebus
+
+
+def test_entity_names() -> None:
+    queue = Entity.parse("invoices.commands", session_entities=frozenset({"orders"}))
+    assert (queue.is_queue, queue.requires_session, queue.dead_letter_path) == (
+        True, False, "invoices.commands/$DeadLetterQueue",
+    )
+    subscription = Entity.parse("billing.events/subscriptions/ledger")
+    assert (subscription.topic, subscription.subscription, subscription.is_queue) == ("billing.events", "ledger", False)
+    assert Entity.parse("Orders", session_entities=frozenset({"orders"})).requires_session
+    for bad in ("", "a/b", "t/Rules/x", " q"):
+        with pytest.raises(ValueError, match="not a Service Bus entity name"):
+            Entity.parse(bad)
+
+
+def test_only_an_exact_match_with_our_own_abandon_clears_a_redelivery() -> None:
+    book = GiveBacks(capacity=2)
+    assert book.is_suspect("q", 1, 0) is False  # a first delivery
+    assert book.is_suspect("q", 1, 1) is True  # redelivered, nothing remembered: a crash, maybe
+    book.record("q", 1, 1, suspect=False)  # we abandoned it at broker count 1
+    assert book.is_suspect("Q", 1, 2) is False  # exactly the next count: ours (names are case-insensitive)
+    assert book.is_suspect("q", 1, 3) is True  # forgotten once matched
+    book.record("q", 2, 0, suspect=False)
+    assert book.is_suspect("q", 2, 2) is True  # a lock lapsed after our abandon: someone died holding it
+    book.record("q", 3, 4, suspect=True)
+    assert book.is_suspect("q", 3, 5) is True  # a suspect stays a suspect
+    for sequence_number in (4, 5, 6):
+        book.record("q", sequence_number, 0, suspect=False)
+    assert len(book) == 2
+    assert book.is_suspect("q", 4, 1) is True  # the oldest was dropped: a false suspect, never a miss
+    assert book.is_suspect("q", 6, 1) is False
+
+
+def test_renewal_is_due_at_half_the_time_left() -> None:
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert seconds_until_renewal(now + dt.timedelta(seconds=30), now) == 15
+    assert seconds_until_renewal(now + dt.timedelta(seconds=0.05), now) == MIN_WAIT
+    assert seconds_until_renewal(now - dt.timedelta(seconds=5), now) == MIN_WAIT
+    assert seconds_until_renewal(now + dt.timedelta(hours=1), now) == MAX_WAIT
+    assert seconds_until_renewal(None, now) == MIN_WAIT
+
+
+# -- settlement ---------------------------------------------------------------------------------
+
+
+async def test_ack_completes_and_the_delivery_carries_the_broker_fields(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    sent_at = dt.datetime.now(dt.UTC)
+    await sb.send(ServiceBusMessage(
+        b'{"order": 1}', message_id="m-1", correlation_id="corr-1",
+        application_properties={"tenant-id": "acme", "attempt": 3},
+    ))
+    received = Received(lambda d: d.ack())
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=2)
+    delivery = await received.next()
+    await eventually(lambda: sb.entity().messages == [], within=5, what="the message to be completed")
+    assert (delivery.message_id, delivery.body, delivery.delivery_count) == ("m-1", b'{"order": 1}', 1)
+    assert (delivery.redelivered, delivery.lost, delivery.correlation_id) == (False, False, "corr-1")
+    assert delivery.headers == {"tenant-id": "acme", "attempt": 3}
+    assert delivery.partition_key is None
+    assert delivery.enqueued_at is not None and abs((delivery.enqueued_at - sent_at).total_seconds()) < 2
+    assert consumer.ready
+    assert consumer.counters["received"] == 1 and consumer.counters["suspects"] == 0
+
+
+async def test_retry_now_and_release_are_our_own_give_backs_not_suspects(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await delivery.retry(0)
+        elif delivery.delivery_count == 2:
+            await delivery.release()
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    deliveries = await received.take(3)
+    # Service Bus counts both abandons (the counts are informational); neither is a suspect.
+    assert [(d.delivery_count, d.redelivered) for d in deliveries] == [(1, False), (2, False), (3, False)]
+    assert consumer.counters["given_back"] == 2 and consumer.counters["suspects"] == 0
+    await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
+
+
+async def test_an_unsettled_delivery_lapses_and_comes_back_as_a_suspect(sb: SBEnv) -> None:
+    """A simulated crash (the worker hands the delivery back unsettled): renewal stops, the lock
+    lapses, and the redelivery is a suspect, as after a real crash: never missed."""
+    sb.create_queue(lock_duration=LOCK)
+    await sb.send_bodies(b"x")
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count > 1:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, again = await received.take(2)
+    assert (first.settlement, first.redelivered) == (None, False)
+    assert (again.delivery_count, again.redelivered) == (2, True)
+    assert consumer.counters["suspects"] == 1
+
+
+async def test_a_give_back_by_another_consumer_is_a_false_suspect(sb: SBEnv) -> None:
+    """What is remembered is this process's own abandons: another process's release (a graceful
+    restart) looks like a crash here. It costs running alone once; a crash is never missed."""
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    go = asyncio.Event()
+
+    async def release_later(delivery: ServiceBusDelivery) -> None:
+        await go.wait()
+        await delivery.release()
+
+    releasing = Received(release_later)
+    first = sb.consumer()
+    await first.subscribe(sb.queue, releasing, prefetch=1)
+    await releasing.next()
+    await first.pause()  # the first consumer takes nothing more: the second one gets the release
+    go.set()
+    await eventually(lambda: first.counters["given_back"] == 1, within=5, what="the release")
+    await first.close()
+    acking = Received(lambda d: d.ack())
+    second = sb.consumer()
+    await second.subscribe(sb.queue, acking, prefetch=1)
+    delivery = await acking.next()
+    assert (delivery.delivery_count, delivery.redelivered) == (2, True)
+
+
+async def test_a_delayed_retry_on_a_queue_is_a_scheduled_copy(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=30)
+    await sb.send(ServiceBusMessage(b"x", message_id="orig", application_properties={"k": "v"}))
+    delay = 0.8
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await delivery.retry(delay)
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first = await received.next()
+    retried_at = time.monotonic()
+    await eventually(lambda: len(queue.scheduled) == 1, within=5, what="the scheduled copy")
+    [copy] = queue.scheduled
+    assert copy.message_id != "orig"  # duplicate detection must not drop the copy
+    assert copy.application_properties[DELIVERIES_PROPERTY] == 1
+    assert copy.application_properties[ORIGINAL_MESSAGE_ID_PROPERTY] == "orig"
+    again = await received.next()
+    assert time.monotonic() - retried_at >= delay - 0.1
+    assert (first.message_id, again.message_id) == ("orig", "orig")
+    assert (again.delivery_count, again.redelivered, again.headers["k"]) == (2, False, "v")
+    assert consumer.counters["retry_copies"] == 1
+    await eventually(lambda: queue.messages == [], within=5, what="the copy's completion")
+
+
+async def test_a_retry_copy_too_large_for_the_queue_is_abandoned_at_once(sb: SBEnv) -> None:
+    limit = 1024
+    queue = sb.create_queue(lock_duration=30, max_message_size=limit)
+    body = b"x" * largest_body_that_fits(limit)  # the original fits; the copy's extra properties do not
+    await sb.send(ServiceBusMessage(body, message_id="big"))
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await delivery.retry(30)
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, again = await received.take(2, timeout=10)  # not 30 s later: the delay is given up, not the message
+    assert (again.message_id, again.delivery_count, again.redelivered) == ("big", 2, False)
+    assert first.lost is False and queue.scheduled == []
+    assert consumer.counters["copy_refused"] == 1
+
+
+def largest_body_that_fits(limit: int) -> int:
+    """Bytes of the largest body whose message (with a message id) fits ``limit`` bytes."""
+    size = limit
+    while size > 0:
+        batch = ServiceBusMessageBatch(max_size_in_bytes=limit)
+        try:
+            batch.add_message(ServiceBusMessage(b"x" * size, message_id="big"))
+        except ValueError:
+            size -= 8
+            continue
+        return size
+    raise AssertionError("nothing fits")
+
+
+async def test_dead_letter_reason_and_description_are_read_from_the_dead_letter_queue(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    [message_id] = await sb.send_bodies(b"bad")
+    reason = "invalid_json" + "!" * 2000
+    received = Received(lambda d: d.dead_letter(reason, "line 1: expecting value"))
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await received.next()
+    [dead] = await sb.dead_letters(1)
+    assert dead.message_id == message_id
+    assert dead.dead_letter_reason == reason[:1024]
+    assert dead.dead_letter_error_description == "line 1: expecting value"
+    assert consumer.counters["dead_lettered"] == 1 and sb.entity().messages == []
+
+
+# -- locks --------------------------------------------------------------------------------------
+
+
+async def test_renewal_keeps_a_handler_three_lock_lengths_long_owning_its_delivery(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=LOCK)
+    await sb.send_bodies(b"slow")
+    lapsed: list[float] = []
+
+    async def slow(delivery: ServiceBusDelivery) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * LOCK + 0.3:
+            if queue.locked_count != 1:
+                lapsed.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+        await delivery.ack()
+
+    received = Received(slow)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    delivery = await received.next()
+    await eventually(lambda: queue.messages == [], within=3 * LOCK + 5, what="the completion")
+    assert lapsed == []
+    assert (delivery.settlement, delivery.lost) == (delivery.settlement.ACK, False)  # type: ignore[union-attr]
+    assert consumer.counters["renewals"] >= 3 and consumer.counters["locks_lost"] == 0
+    assert len(received.deliveries) == 1  # never redelivered
+
+
+async def test_deliveries_waiting_for_a_slot_keep_their_locks(sb: SBEnv) -> None:
+    """Prefetched deliveries waiting behind a slow one (as behind a message running alone) are
+    renewed too: none lapses, none comes back."""
+    sb.create_queue(lock_duration=LOCK)
+    await sb.send_bodies(b"a", b"b", b"c")
+    one_at_a_time = asyncio.Lock()
+
+    async def serial(delivery: ServiceBusDelivery) -> None:
+        async with one_at_a_time:
+            await asyncio.sleep(LOCK)  # the work itself: three of them take three lock lengths
+            await delivery.ack()
+
+    received = Received(serial)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=3)
+    await eventually(lambda: sb.entity().messages == [], within=3 * LOCK + 5, what="all three completions")
+    assert sorted(d.body for d in received.deliveries) == [b"a", b"b", b"c"]
+    assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
+
+
+async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    lock_gone = asyncio.Event()
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await lock_gone.wait()  # the handler is slow; meanwhile Service Bus drops its lock
+        await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first = await received.next()
+    queue.expire_all_locks(time.time())
+    await eventually(lambda: queue.locked_count == 0, within=3, what="the server to drop the lock")
+    lock_gone.set()
+    again = await received.next()
+    # The late ack was refused (MessageLockLostError): never counted as done.
+    assert (first.settlement, first.lost) == (first.settlement.ACK, True)  # type: ignore[union-attr]
+    assert (again.delivery_count, again.redelivered) == (2, True)
+    assert consumer.counters["locks_lost"] == 1
+    await eventually(lambda: queue.messages == [], within=5, what="the redelivery's completion")
+
+
+# -- pause, reconnect, subscriptions ---------------------------------------------------------------
+
+
+async def test_pause_stops_receiving_and_resume_goes_on(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=30)
+    received = Received(lambda d: d.ack())
+    consumer = sb.consumer(receive_wait=0.2)
+    await consumer.subscribe(sb.queue, received, prefetch=2)
+    await consumer.pause()
+    await sb.send_bodies(b"while paused")
+    with pytest.raises(TimeoutError):  # nothing is received while paused (bounded absence check)
+        await received.next(timeout=1.0)
+    assert (queue.active_count, queue.locked_count) == (1, 0)
+    await consumer.resume()
+    delivery = await received.next()
+    assert (delivery.body, delivery.delivery_count) == (b"while paused", 1)
+
+
+async def test_the_consumer_reconnects_after_its_connection_drops(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    proxy = TcpProxy("127.0.0.1", sb.server.port)
+    port = await proxy.start()
+    sb.namespace = Namespace.from_connection_string(sb.server.connection_string.replace(f":{sb.server.port};", f":{port};"))
+    received = Received(lambda d: d.ack())
+    consumer = sb.consumer()
+    try:
+        await consumer.subscribe(sb.queue, received, prefetch=1)
+        await sb.send_bodies(b"before")
+        assert (await received.next()).body == b"before"
+        accepted = proxy.accepted
+        await proxy.drop()
+        await sb.send_bodies(b"after")
+        assert (await received.next(timeout=20)).body == b"after"
+        assert proxy.accepted > accepted  # a new connection
+        assert consumer.counters["reconnects"] >= 1
+        await eventually(lambda: consumer.ready, within=5, what="readiness")
+    finally:
+        await consumer.close()
+        await proxy.close()
+
+
+async def test_subscribing_to_a_missing_entity_fails_fast(sb: SBEnv) -> None:
+    consumer = sb.consumer()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match="missing-queue"):
+        await consumer.subscribe("missing-queue", Received(), prefetch=1)
+    assert time.monotonic() - started < 5
+
+
+async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEnv) -> None:
+    """A subscription cannot take a copy: the lock is held (renewed) for the delay, then abandoned."""
+    topic = sb.queue + "-topic"
+    sb.server.create_topic(topic)
+    subscription = sb.server.create_subscription(topic, "audit", lock_duration=LOCK)
+    await sb.send_bodies(b"x", entity=topic)
+    delay = 2 * LOCK
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await delivery.retry(delay)
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer()
+    await consumer.subscribe(f"{topic}/Subscriptions/audit", received, prefetch=1)
+    await received.next()
+    held_at = time.monotonic()
+    await eventually(lambda: time.monotonic() - held_at > LOCK + 0.3, within=5, what="one lock length")
+    assert subscription.locked_count == 1  # still ours, past its first expiry
+    again = await received.next()
+    assert time.monotonic() - held_at >= delay - 0.2
+    assert (again.delivery_count, again.redelivered) == (2, False)
+    assert consumer.counters["held_retries"] == 1 and sb.server.entity(topic).scheduled == []
