@@ -133,11 +133,11 @@ async def test_failing_row_backs_off_blocks_only_its_key_then_parks_and_requeues
             return found[0][0] >= 3
 
         await wait_until(bad_parked, 20, "the failing row to be parked")
-        # Other keys and unkeyed rows went through, in order; the bad key's second row waited.
-        assert published_ids(broker) == [str(good1), str(good2), str(loose)] or (
-            set(published_ids(broker)) == {str(good1), str(good2), str(loose)}
-            and published_ids(broker).index(str(good1)) < published_ids(broker).index(str(good2))
-        )
+        # Other keys and unkeyed rows went through once each, the good key in its order (no order
+        # is promised across keys); the bad key's second row waited.
+        published = published_ids(broker)
+        assert sorted(published) == sorted([str(good1), str(good2), str(loose)]), published
+        assert published.index(str(good1)) < published.index(str(good2)), published
         (attempts, last_error, claimed), = await rows(
             database_url, f"SELECT attempts, last_error, claimed_by FROM {table} WHERE event_id = %s",
             bad1)
@@ -398,7 +398,7 @@ async def test_destination_map_routes_and_rejects_unknown_destinations(database_
         (attempts, error), = await rows(database_url, sql.SQL(
             "SELECT attempts, last_error FROM {} WHERE event_id = %s"
         ).format(sql.Identifier(schema, "outbox")).as_string(None), late)
-        assert attempts >= settings.relay_max_attempts and "unknown destination" in error
+        assert attempts == settings.relay_max_attempts and "unknown destination" in error  # parked at once
         assert relay.counters["unknown_destination"] == 1
 
 
@@ -466,14 +466,18 @@ async def test_health_file_and_endpoint_follow_the_loop(database_url: str, tmp_p
                 return health_file.stat().st_mtime_ns > first
 
             await wait_until(touched_again, 10, "the health file to be touched again")
+            polls_before = relay.counters["wakeups_poll"]
             reader, writer = await asyncio.open_connection("127.0.0.1", relay.health.port)
             writer.write(b"GET / HTTP/1.0\r\n\r\n")
             answer = (await asyncio.wait_for(reader.read(), 5)).decode()
             writer.close()
+            polls_after = relay.counters["wakeups_poll"]
             assert answer.startswith("HTTP/1.1 200")
             body = json.loads(answer.split("\r\n\r\n", 1)[1])
             assert body["status"] == "ok" and body["ready"] is True
-            assert body["detail"]["counters"]["wakeups_poll"] >= 1
+            # the relay's live counters, as they were while it answered (it keeps polling meanwhile)
+            assert polls_before >= 1
+            assert polls_before <= body["detail"]["counters"]["wakeups_poll"] <= polls_after
         finally:
             relay.request_stop()
             await asyncio.wait_for(task, 10)

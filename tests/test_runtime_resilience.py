@@ -480,8 +480,8 @@ async def test_ack_lost_after_commit_makes_the_redelivery_a_duplicate(renv: Resi
         worker.stop()
         await asyncio.wait_for(task, 30)
     assert [r.outcome for r in seen if r.outcome in TERMINAL] == [Outcome.EXECUTED, Outcome.DUPLICATE]
-    assert seen[-1].delivery_count >= 2  # the broker redelivered the message whose ack was lost
-    assert consumer.reconnects >= 1
+    assert seen[-1].delivery_count == 2  # the broker redelivered the message whose ack was lost, once
+    assert consumer.reconnects == 1
     assert set(r.outcome for r in seen) <= {Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.IN_PROGRESS}
     assert gate.calls == 1
     await assert_effects(renv, {1: 1250})
