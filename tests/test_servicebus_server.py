@@ -31,6 +31,7 @@ from azure.servicebus.exceptions import (
     MessageSizeExceededError,
     MessagingEntityNotFoundError,
     OperationTimeoutError,
+    ServiceBusError,
     SessionCannotBeLockedError,
     SessionLockLostError,
 )
@@ -565,6 +566,22 @@ async def test_batch_send_stores_each_message_with_its_own_fields(
         assert [m.sequence_number for m in messages] == [1, 2, 3]
         for message in messages:
             await receiver.complete_message(message)
+
+
+@bounded(20)
+async def test_a_batch_with_one_refused_message_stores_none_of_it(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """Service Bus takes a batch whole or not at all: one message without a session id refuses it."""
+    queue = server.create_queue("orders", requires_session=True)
+    async with open_sender(client, "orders") as sender:
+        batch = await sender.create_message_batch()
+        batch.add_message(ServiceBusMessage("fine", session_id="s1"))
+        batch.add_message(ServiceBusMessage("no session"))
+        with pytest.raises(ServiceBusError, match="requires sessions"):
+            await sender.send_messages(batch)
+        await sender.send_messages(ServiceBusMessage("alone", session_id="s1"))
+    assert [m.body for m in queue.messages] == [b"alone"]
 
 
 @bounded(20)

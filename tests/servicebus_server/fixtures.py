@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
-from azure.servicebus.aio import ServiceBusClient
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from adapters.servicebus import Namespace, ServiceBusConsumer, ServiceBusDelivery, ServiceBusPublisher
 from tests.servicebus_server import Queue, ServiceBusTestServer
@@ -98,22 +98,25 @@ class SBEnv:
                         entity=entity)
         return ids
 
+    def receiver(self, path: str, *, prefetch: int = 1, **options: Any) -> ServiceBusReceiver:
+        """An SDK receiver for a queue or ``topic/Subscriptions/name`` (closes quickly: prefetch > 0)."""
+        options.update(prefetch_count=prefetch, keep_alive=0, socket_timeout=0.05)
+        if "/" in path:
+            topic, _, subscription = path.split("/")
+            return self.client.get_subscription_receiver(topic, subscription, **options)
+        return self.client.get_queue_receiver(path, **options)
+
+    async def peek(self, path: str, count: int) -> list[ServiceBusReceivedMessage]:
+        """The first ``count`` messages of ``path``, not locked (SDK ``peek_messages``)."""
+        async with asyncio.timeout(SDK_CALL_TIMEOUT), self.receiver(path) as receiver:
+            return await receiver.peek_messages(max_message_count=count)
+
     async def dead_letters(self, count: int, entity: str | None = None) -> list[ServiceBusReceivedMessage]:
         """Receive and complete ``count`` messages from the entity's dead-letter sub-queue (SDK)."""
         path = entity or self.queue
         found: list[ServiceBusReceivedMessage] = []
         async with asyncio.timeout(SDK_CALL_TIMEOUT + count):
-            if "/" in path:
-                topic, _, subscription = path.split("/")
-                receiver = self.client.get_subscription_receiver(
-                    topic, subscription, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=count,
-                    keep_alive=0, socket_timeout=0.05,
-                )
-            else:
-                receiver = self.client.get_queue_receiver(
-                    path, sub_queue=ServiceBusSubQueue.DEAD_LETTER, prefetch_count=count, keep_alive=0,
-                    socket_timeout=0.05,
-                )
+            receiver = self.receiver(path, prefetch=count, sub_queue=ServiceBusSubQueue.DEAD_LETTER)
             async with receiver:
                 while len(found) < count:
                     batch = await receiver.receive_messages(max_message_count=count - len(found), max_wait_time=2)

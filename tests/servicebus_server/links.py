@@ -268,6 +268,8 @@ class ServiceBusHandler(Handler):
                     f"transfer of {len(payload)} bytes exceeds {target.options.max_message_size}"
                 )
             contents = [EncodedMessage.decode(inner) for inner in unbatch(payload)]
+            for content in contents:  # a batch is taken whole or not at all, as Service Bus does
+                target.check(content)
             now = time.time()
             for content in contents:
                 target.send(content, now)

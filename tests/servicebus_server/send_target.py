@@ -47,6 +47,10 @@ class SendTarget:
 
     # -- producer side ------------------------------------------------------------------------
 
+    def check(self, content: EncodedMessage) -> None:
+        """Raise the BrokerError a send of ``content`` would meet (size, sessions), storing nothing."""
+        self._check_acceptable(content)
+
     def send(self, content: EncodedMessage, now: float) -> None:
         """Store one message (a duplicate is accepted and dropped, as Service Bus does)."""
         self._check_acceptable(content)

@@ -1,0 +1,149 @@
+"""Session-enabled entities through the real azure-servicebus SDK against the local test server:
+one session's messages in order whatever the concurrency, sessions in parallel, session lock
+renewal, session lock loss, and a held retry that keeps the order."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import defaultdict
+
+from azure.servicebus import ServiceBusMessage
+
+from adapters.servicebus import ServiceBusDelivery
+from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
+    Received,
+    SBEnv,
+    eventually,
+    sb_fixture,
+    sb_server_fixture,
+)
+
+LOCK = 1.0  # seconds: the session lock of the tests about locks
+
+
+async def send_sessions(sb: SBEnv, sessions: dict[str, int]) -> None:
+    """``count`` messages per session id, bodies ``<session>-<n>``, interleaved across sessions."""
+    messages = [
+        ServiceBusMessage(f"{session}-{n}".encode(), session_id=session, message_id=f"{session}-{n}")
+        for n in range(max(sessions.values()))
+        for session, count in sessions.items()
+        if n < count
+    ]
+    await sb.send(*messages)
+
+
+async def test_one_sessions_messages_are_handled_in_order_while_sessions_run_in_parallel(sb: SBEnv) -> None:
+    queue = sb.create_queue(requires_session=True, lock_duration=30)
+    await send_sessions(sb, {"customer-a": 6, "customer-b": 6, "customer-c": 6})
+    running: set[str] = set()
+    most_at_once = 0
+    order: dict[str, list[str]] = defaultdict(list)
+
+    async def handle(delivery: ServiceBusDelivery) -> None:
+        nonlocal most_at_once
+        session = delivery.partition_key
+        assert session is not None and session not in running, "two messages of one session at once"
+        running.add(session)
+        most_at_once = max(most_at_once, len(running))
+        await asyncio.sleep(random.uniform(0, 0.03))
+        order[session].append(delivery.body.decode())
+        running.discard(session)
+        await delivery.ack()
+
+    consumer = sb.consumer(session_entities=[sb.queue])
+    received = Received(handle)
+    await consumer.subscribe(sb.queue, received, prefetch=3)
+    await received.take(18)
+    await eventually(lambda: queue.messages == [], within=5, what="every completion")
+    assert order == {s: [f"{s}-{n}" for n in range(6)] for s in ("customer-a", "customer-b", "customer-c")}
+    assert most_at_once >= 2  # different sessions did run at the same time
+    assert consumer.counters["sessions"] >= 3
+
+
+async def test_session_lock_renewal_keeps_a_handler_three_lock_lengths_long(sb: SBEnv) -> None:
+    queue = sb.create_queue(requires_session=True, lock_duration=LOCK)
+    await send_sessions(sb, {"s1": 2})
+    lapsed: list[float] = []
+
+    async def slow_first(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"s1-0":
+            started = time.monotonic()
+            while time.monotonic() - started < 3 * LOCK + 0.3:
+                if queue.session_holder("s1") is None:
+                    lapsed.append(time.monotonic() - started)
+                await asyncio.sleep(0.05)
+        await delivery.ack()
+
+    consumer = sb.consumer(session_entities=[sb.queue])
+    received = Received(slow_first)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, second = await received.take(2, timeout=3 * LOCK + 10)
+    await eventually(lambda: queue.messages == [], within=5, what="both completions")
+    assert lapsed == []
+    assert [(d.body, d.delivery_count, d.lost) for d in (first, second)] == [(b"s1-0", 1, False), (b"s1-1", 1, False)]
+    assert consumer.counters["renewals"] >= 3 and consumer.counters["locks_lost"] == 0
+
+
+async def test_a_lost_session_lock_is_never_acked_and_the_message_comes_back(sb: SBEnv) -> None:
+    queue = sb.create_queue(requires_session=True, lock_duration=30)
+    await send_sessions(sb, {"s1": 1})
+    lock_gone = asyncio.Event()
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count == 1:
+            await lock_gone.wait()
+        await delivery.ack()
+
+    consumer = sb.consumer(session_entities=[sb.queue])
+    received = Received(settle)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first = await received.next()
+    queue.expire_all_locks(time.time())  # Service Bus drops the session lock (and detaches the receiver)
+    await eventually(lambda: queue.session_holder("s1") is None, within=3, what="the session lock to go")
+    lock_gone.set()
+    again = await received.next()
+    assert (first.settlement, first.lost) == (first.settlement.ACK, True)  # type: ignore[union-attr]
+    assert (again.body, again.delivery_count, again.redelivered) == (b"s1-0", 2, True)
+    assert consumer.counters["locks_lost"] == 1
+    await eventually(lambda: queue.messages == [], within=5, what="the redelivery's completion")
+
+
+async def test_a_delayed_retry_in_a_session_is_held_and_keeps_the_order(sb: SBEnv) -> None:
+    queue = sb.create_queue(requires_session=True, lock_duration=LOCK)
+    await send_sessions(sb, {"s1": 2})
+    delay = 1.5 * LOCK
+
+    async def retry_first_once(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"s1-0" and delivery.delivery_count == 1:
+            await delivery.retry(delay)
+        else:
+            await delivery.ack()
+
+    consumer = sb.consumer(session_entities=[sb.queue])
+    received = Received(retry_first_once)
+    await consumer.subscribe(sb.queue, received, prefetch=2)
+    deliveries = await received.take(3, timeout=delay + 10)
+    assert [(d.body, d.delivery_count, d.redelivered) for d in deliveries] == [
+        (b"s1-0", 1, False), (b"s1-0", 2, False), (b"s1-1", 1, False),
+    ]
+    assert consumer.counters["held_retries"] == 1 and queue.scheduled == []
+    await eventually(lambda: queue.messages == [], within=5, what="both completions")
+
+
+async def test_an_unsettled_session_delivery_gives_the_session_up_and_comes_back_as_a_suspect(sb: SBEnv) -> None:
+    """A simulated crash in a session: the slot closes its receiver, Service Bus returns the message
+    to its session (counted), and the next delivery of it is a suspect."""
+    sb.create_queue(requires_session=True, lock_duration=30)
+    await send_sessions(sb, {"s1": 1})
+
+    async def crash_first(delivery: ServiceBusDelivery) -> None:
+        if delivery.delivery_count > 1:
+            await delivery.ack()
+
+    consumer = sb.consumer(session_entities=[sb.queue])
+    received = Received(crash_first)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, again = await received.take(2)
+    assert (first.settlement, again.delivery_count, again.redelivered) == (None, 2, True)
