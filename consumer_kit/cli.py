@@ -20,6 +20,9 @@ import typer
 
 from consumer_kit.app import App, load_app
 from consumer_kit.console import (
+    Embedded,
+    LibraryLogLevel,
+    LogLevel,
     read_settings,
     require_database,
     require_shared_broker,
@@ -56,28 +59,7 @@ def _root(
 ) -> None:
     """Idempotent message consumers: one business effect per operation."""
 
-LogLevel = Annotated[
-    str,
-    typer.Option(
-        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
-        help="Level of consumer-kit's own logs: DEBUG (every delivery), INFO, WARNING, ERROR",
-    ),
-]
-LibraryLogLevel = Annotated[
-    str,
-    typer.Option(
-        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
-        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
-    ),
-]
-Embedded = Annotated[
-    bool,
-    typer.Option(
-        "--embedded",
-        help="Use a throwaway embedded PostgreSQL under CONSUMER_KIT_EMBEDDED_DATA_DIR "
-        "(same as CONSUMER_KIT_DATABASE_URL=embedded)",
-    ),
-]
+
 AppPath = Annotated[str, typer.Argument(help="The App, as package.module:attribute")]
 
 

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
-from typing import NoReturn, TypeVar
+from typing import Annotated, NoReturn, TypeVar
 
 import psycopg
 import typer
@@ -27,6 +27,32 @@ OWN_LOGGERS = ("consumer_kit", "adapters", "outbox_relay")
 """The loggers ``--log-level`` applies to; every other library's follow ``--library-log-level``."""
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+LogLevel = Annotated[
+    str,
+    typer.Option(
+        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
+        help="Level of consumer-kit's own logs (consumer_kit, adapters, outbox_relay): DEBUG (every "
+        "delivery), INFO, WARNING, ERROR",
+    ),
+]
+LibraryLogLevel = Annotated[
+    str,
+    typer.Option(
+        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
+        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
+    ),
+]
+"""The two logging options of every command (:func:`setup_logging`)."""
+
+Embedded = Annotated[
+    bool,
+    typer.Option(
+        "--embedded",
+        help="Use a throwaway embedded PostgreSQL under CONSUMER_KIT_EMBEDDED_DATA_DIR "
+        "(same as CONSUMER_KIT_DATABASE_URL=embedded)",
+    ),
+]
 
 
 def setup_logging(level: str, library_level: str = "WARNING") -> None:

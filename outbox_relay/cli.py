@@ -26,6 +26,9 @@ import psycopg
 import typer
 
 from consumer_kit.console import (
+    Embedded,
+    LibraryLogLevel,
+    LogLevel,
     read_settings,
     require_database,
     require_shared_broker,
@@ -44,20 +47,6 @@ app = typer.Typer(
     help="Publish consumer-kit outbox rows to the broker (at least once, ordered per key).",
 )
 
-LogLevel = Annotated[
-    str,
-    typer.Option(
-        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
-        help="Level of the relay's own logs: DEBUG, INFO, WARNING, ERROR",
-    ),
-]
-LibraryLogLevel = Annotated[
-    str,
-    typer.Option(
-        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
-        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
-    ),
-]
 Schema = Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA)")]
 MaxAttempts = Annotated[
     int | None, typer.Option(min=1, help="Failed attempts before a row counts as parked")
@@ -109,9 +98,7 @@ def run(
     health_file: Annotated[Path | None, typer.Option(help="Touched on every loop")] = None,
     health_port: Annotated[int | None, typer.Option(help="HTTP health on 127.0.0.1")] = None,
     relay_id: Annotated[str | None, typer.Option(help="Name written to claimed_by")] = None,
-    embedded: Annotated[
-        bool, typer.Option("--embedded", help="Use the embedded PostgreSQL (CONSUMER_KIT_DATABASE_URL=embedded)")
-    ] = False,
+    embedded: Embedded = False,
     log_level: LogLevel = "INFO",
     library_log_level: LibraryLogLevel = "WARNING",
 ) -> None:

@@ -5,6 +5,7 @@ With ``CONSUMER_KIT_REQUIRE_SERVICES=1`` (CI), a missing service fails the test 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -101,6 +102,18 @@ def vhost_of(url: str) -> str:
     """The vhost an AMQP URL names (``/`` when none)."""
     path = urlparse(url).path
     return "/" if path in ("", "/") else path[1:].replace("%2F", "/")
+
+
+@pytest.fixture
+def cli_logging() -> Iterator[None]:
+    """For tests that run a command in this process: the commands set logger levels (their
+    ``--log-level`` options); put them back so later tests' ``caplog`` sees what it expects."""
+    from consumer_kit.console import OWN_LOGGERS
+
+    saved = {name: logging.getLogger(name).level for name in ("", *OWN_LOGGERS)}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
 
 
 @pytest.fixture

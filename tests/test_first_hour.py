@@ -16,7 +16,6 @@ import sys
 import time
 import tomllib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
@@ -32,18 +31,9 @@ from consumer_kit.console import OWN_LOGGERS, setup_logging
 from consumer_kit.errors import ConfigurationError
 from tests.broker_env import Env
 from tests.harness import fetch_all
+from tests.test_relay_support import Event, connect, wait_until, write_events
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def cli_logging() -> Iterator[None]:
-    """The commands set logger levels; put them back for the tests that follow."""
-    names = ["", *OWN_LOGGERS]
-    saved = {name: logging.getLogger(name).level for name in names}
-    yield
-    for name, level in saved.items():
-        logging.getLogger(name).setLevel(level)
 
 
 def user_env(**variables: str) -> dict[str, str]:
@@ -59,6 +49,18 @@ def run(*argv: str, env: dict[str, str], timeout: float = 60, cwd: Path = ROOT) 
         [sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
         check=False,
     )
+
+
+async def stop_gracefully(proc: asyncio.subprocess.Process) -> str:
+    """SIGTERM ``proc`` and return its stderr once it exits (killed if it takes over 30 s)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return stderr.decode()
 
 
 def closed_port() -> int:
@@ -238,31 +240,24 @@ def test_the_relay_probes_the_broker_at_start_up_instead_of_looking_healthy(env:
 @pytest.mark.postgres
 @pytest.mark.rabbitmq
 async def test_the_relay_logs_a_summary_at_info_when_it_stops(env: Env) -> None:
-    from tests.test_relay_support import Event, connect, write_events
-
     async with await connect(env.database_url) as conn:
         (event_id,) = await write_events(conn, env.schema, [Event(destination=f"{env.queue}.events")])
     relay = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "outbox_relay.cli", env=env.worker_environment(PYTHONPATH=str(ROOT)),
         cwd=str(ROOT), stderr=asyncio.subprocess.PIPE,
     )
+
+    async def published() -> bool:
+        return bool(await env.rows(
+            "SELECT 1 FROM outbox WHERE event_id = %s AND published_at IS NOT NULL", event_id))
+
     try:
-        async def published() -> bool:
-            found = await env.rows("SELECT 1 FROM outbox WHERE event_id = %s AND published_at IS NOT NULL", event_id)
-            return bool(found)
-
-        from tests.test_relay_support import wait_until
-
         await wait_until(published, 30, "the event published")
-        relay.send_signal(signal.SIGTERM)
-        _, stderr = await asyncio.wait_for(relay.communicate(), 30)
     finally:
-        if relay.returncode is None:
-            relay.kill()
-            await relay.wait()
+        stderr = await stop_gracefully(relay)
     assert relay.returncode == 0
-    summary = [line for line in stderr.decode().splitlines() if " INFO outbox_relay " in line and " stopped: " in line]
-    assert len(summary) == 1, stderr.decode()
+    summary = [line for line in stderr.splitlines() if " INFO outbox_relay " in line and " stopped: " in line]
+    assert len(summary) == 1, stderr
     assert re.search(r"relay \S+ stopped: .*\bpublished=1\b", summary[0]), summary[0]
     assert re.search(r"\bclaimed=1\b", summary[0]), summary[0]
 
@@ -383,27 +378,24 @@ async def test_a_producer_that_knows_nothing_of_consumer_kit_sends_before_any_wo
             await (await connection.channel()).get_exchange("billing.events", ensure=True)  # exists
 
         for _ in range(2):  # a resend: new message id, same operation
-            await asyncio.to_thread(
+            sent = await asyncio.to_thread(
                 run, "examples/invoices/plain_producer.py", url, "418", "2", env=environment)
+            assert sent.returncode == 0, sent.stderr
         assert (await queue_depths(url, INVOICE_QUEUES))["invoices.commands"] == 2
 
         worker = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "consumer_kit", "worker", "examples.invoices.app:app",
             env=environment, cwd=str(ROOT), stderr=asyncio.subprocess.PIPE,
         )
+
+        async def both_settled() -> bool:
+            completed = await env.rows("SELECT 1 FROM operations WHERE state = 'completed'")
+            return len(completed) == 1 and (await queue_depths(url, ["invoices.commands"]))["invoices.commands"] == 0
+
         try:
-            deadline = time.monotonic() + 30
-            while len(await env.rows("SELECT 1 FROM operations WHERE state = 'completed'")) != 1 or (
-                await queue_depths(url, ["invoices.commands"]))["invoices.commands"] != 0:
-                assert time.monotonic() < deadline, "the worker never settled both messages"
-                await asyncio.sleep(0.2)
-            worker.send_signal(signal.SIGTERM)
-            _, stderr = await asyncio.wait_for(worker.communicate(), 30)
+            await wait_until(both_settled, 30, "the worker to settle both messages", every=0.2)
         finally:
-            if worker.returncode is None:
-                worker.kill()
-                await worker.wait()
-        log = stderr.decode()
+            log = await stop_gracefully(worker)
         assert worker.returncode == 0, log
         assert "exists with" not in log  # declare made exactly what the worker declares
         assert re.search(r"worker stopped: duplicate=1 executed=1$", log, re.M), log
