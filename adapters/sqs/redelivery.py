@@ -72,9 +72,13 @@ class GiveBacks:
     def judge(
         self, queue_url: str, sqs_message_id: str, *, receive_count: int, earlier: int, copied_suspect: bool
     ) -> tuple[int, bool]:
-        """``(delivery_count, redelivered)`` of a receive (formula in the module docstring)."""
-        entry = self._entries.pop((queue_url, sqs_message_id), None)
+        """``(delivery_count, redelivered)`` of a receive (formula in the module docstring).
+        The entry stays (its uncounted releases still count on later receives) but explains only
+        this receive."""
+        key = (queue_url, sqs_message_id)
+        entry = self._entries.get(key)
         if entry is not None and time.monotonic() - entry.at > MAX_VISIBILITY_SECONDS:
+            del self._entries[key]
             entry = None
         uncounted = entry.uncounted if entry is not None else 0
         if receive_count <= 1:
@@ -83,6 +87,8 @@ class GiveBacks:
             redelivered = entry.suspect
         else:
             redelivered = True
+        if entry is not None:
+            entry.next_receive_count = 0  # used: a later receive needs a give-back of its own
         return max(1, earlier + receive_count - uncounted), redelivered or copied_suspect
 
     def __len__(self) -> int:
