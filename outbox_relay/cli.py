@@ -104,8 +104,8 @@ def run(
 ) -> None:
     """Relay outbox rows to the broker until SIGTERM (or once, with --once).
 
-    Probes PostgreSQL and the broker at start: a refused login, a wrong URL or a broker that is
-    down stops it at once (exit 2) with the reason."""
+    Probes PostgreSQL and the broker at start-up: a refused login, a wrong URL, a missing vhost or
+    a broker that stays down (RabbitMQ: 30 s) stops it with the reason (exit 2)."""
     if ctx.invoked_subcommand is not None:
         return
     setup_logging(log_level, library_log_level)

@@ -137,9 +137,11 @@ class Relay:
     async def start(self, *, listen: bool = True) -> None:
         """Probe the database and the broker, check the schema and the destination map, LISTEN.
 
-        Both are probed once, at once, so a wrong URL, a refused login or a broker that is down
-        stops the relay here with the reason instead of retrying forever or looking healthy
-        until the first event. Faults after start-up are retried, with the reason in the log.
+        PostgreSQL gets one connection attempt; the broker as long as the worker gives its first
+        connection (RabbitMQ: 30 s, a refused login or missing vhost at once). So a wrong URL, a
+        refused login or a broker that is down stops the relay here with the reason instead of
+        retrying forever or looking healthy until the first event. Faults after start-up are
+        retried, with the reason in the log.
 
         Raises:
             ConfigurationError: PostgreSQL refuses or cannot be reached (URL with the password
