@@ -41,27 +41,12 @@ from consumer_kit.errors import ConfigurationError
 from outbox_relay.relay import relay_pending
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.harness import throwaway_schema
+from tests.test_rabbitmq_adapter import Inbox  # collects deliveries; next() waits, bounded
 
 WAIT = 15.0  # seconds: upper bound for anything that should happen "soon"
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-class Inbox:
-    """Collects deliveries; ``on_delivery`` (if any) settles them."""
-
-    def __init__(self, on_delivery: Callable[[Delivery], Awaitable[None]] | None = None) -> None:
-        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
-        self.on_delivery = on_delivery
-
-    async def __call__(self, delivery: Delivery) -> None:
-        await self.queue.put(delivery)
-        if self.on_delivery is not None:
-            await self.on_delivery(delivery)
-
-    async def next(self, timeout: float = WAIT) -> Delivery:
-        return await asyncio.wait_for(self.queue.get(), timeout)
 
 
 @pytest.fixture
