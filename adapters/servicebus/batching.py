@@ -143,13 +143,13 @@ class EntityBatcher:
             if len(members) < self._max_messages and _fits(batch, pending):
                 members.append(pending)
                 continue
-            if members:  # this batch is full: start the next one
+            fresh = await batch_for(sender)
+            if not _fits(fresh, pending):  # too large for any batch: the current one stays open
+                await self._alone_or_refused(sender, pending, alone)
+                continue
+            if members:
                 packed.append((batch, members))
-                batch, members = await batch_for(sender), []
-                if _fits(batch, pending):
-                    members.append(pending)
-                    continue
-            await self._alone_or_refused(sender, pending, alone)
+            batch, members = fresh, [pending]
         if members:
             packed.append((batch, members))
         return packed, alone

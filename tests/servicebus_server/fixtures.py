@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
-from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
 from adapters.servicebus import Namespace, ServiceBusConsumer, ServiceBusDelivery, ServiceBusPublisher
 from tests.servicebus_server import Queue, ServiceBusTestServer
@@ -65,6 +65,7 @@ class SBEnv:
         self.namespace = Namespace.from_connection_string(server.connection_string)
         self.queue = "q" + uuid.uuid4().hex[:10]
         self._closing: list[Any] = []
+        self._senders: dict[str, ServiceBusSender] = {}
 
     def create_queue(self, name: str | None = None, **options: Any) -> Queue:
         return self.server.create_queue(name or self.queue, **options)
@@ -87,9 +88,14 @@ class SBEnv:
         return publisher
 
     async def send(self, *messages: ServiceBusMessage, entity: str | None = None) -> None:
+        """Send ``messages`` to ``entity`` (default: the test's queue) in one call (one sender per
+        entity, kept open for the test: opening one costs a connection set-up)."""
+        name = entity or self.queue
         async with asyncio.timeout(SDK_CALL_TIMEOUT):
-            async with self.client.get_queue_sender(entity or self.queue, keep_alive=0) as sender:
-                await sender.send_messages(messages[0] if len(messages) == 1 else list(messages))
+            sender = self._senders.get(name)
+            if sender is None:
+                sender = self._senders[name] = self.client.get_queue_sender(name, keep_alive=0)
+            await sender.send_messages(messages[0] if len(messages) == 1 else list(messages))
 
     async def send_bodies(self, *bodies: bytes, entity: str | None = None, **fields: Any) -> list[str]:
         """Send one message per body (message ids returned)."""
@@ -126,7 +132,7 @@ class SBEnv:
         return found
 
     async def close(self) -> None:
-        for closing in reversed(self._closing):
+        for closing in [*self._senders.values(), *reversed(self._closing)]:
             async with asyncio.timeout(30):
                 await closing.close()
 
