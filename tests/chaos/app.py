@@ -4,6 +4,10 @@ Each operation ``op`` adds ``amount`` to an account and writes one ``effects`` r
 unique constraint on the key, so a second execution would show up as a second row (the ledger
 is the only thing keeping it to one). It also writes one ``ChaosEffected`` event to the outbox.
 
+The account :data:`POISON_ACCOUNT` is poison: its handler kills its own process
+(``os._exit(1)``, with the delivery in flight and its transaction open) on every delivery, so the
+worker must park it as ``crashed_worker`` after ``crash_limit`` deaths while it ran alone.
+
 Configured by the environment so a worker process (``consumer-kit worker tests.chaos.app:app`` or
 ``python tests/chaos/worker_main.py``) needs no arguments:
 
@@ -29,6 +33,7 @@ QUEUE_PREFIX = "ck-chaos"
 SCHEMA = os.environ.get("CONSUMER_KIT_DB_SCHEMA", "consumer_kit")
 QUEUE = os.environ.get("CK_CHAOS_QUEUE", f"{QUEUE_PREFIX}.commands")
 EVENTS = os.environ.get("CK_CHAOS_EVENTS", f"{QUEUE_PREFIX}.events")
+POISON_ACCOUNT = "poison"
 
 
 class ChaosCommand(BaseModel):
@@ -60,6 +65,10 @@ class ChaosHandler(Handler[ChaosCommand]):
 
     async def handle(self, message: ChaosCommand, ctx: Context) -> Result:
         key = ctx.operation.key
+        if message.account == POISON_ACCOUNT:
+            # Dies as a segfaulting library would: no exception, no rollback, no settlement.
+            os.write(2, f"chaos app: poison operation {key}: the process exits\n".encode())
+            os._exit(1)
         await ctx.connection.execute(self._insert, (key, message.account, message.amount))
         await ctx.connection.execute(self._add, (message.account, message.amount))
         event_id = await ctx.publish(
