@@ -159,15 +159,15 @@ async def test_ack_completes_and_the_delivery_carries_the_broker_fields(sb: SBEn
     assert consumer.counters["received"] == 1 and consumer.counters["suspects"] == 0
 
 
-async def test_retry_now_and_release_are_our_own_give_backs_not_suspects(sb: SBEnv) -> None:
+async def test_retry_now_is_our_own_give_back_and_release_an_uncounted_copy(sb: SBEnv) -> None:
     sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"x")
 
     async def settle(delivery: ServiceBusDelivery) -> None:
-        if delivery.delivery_count == 1:
-            await delivery.retry(0)
-        elif delivery.delivery_count == 2:
-            await delivery.release()
+        if len(received.deliveries) == 1:
+            await delivery.retry(0)  # abandoned: Service Bus counts it, this process knows it
+        elif len(received.deliveries) == 2:
+            await delivery.release()  # a copy that does not count this delivery
         else:
             await delivery.ack()
 
@@ -175,9 +175,10 @@ async def test_retry_now_and_release_are_our_own_give_backs_not_suspects(sb: SBE
     consumer = sb.consumer()
     await consumer.subscribe(sb.queue, received, prefetch=1)
     deliveries = await received.take(3)
-    # Service Bus counts both abandons (the counts are informational); neither is a suspect.
-    assert [(d.delivery_count, d.redelivered) for d in deliveries] == [(1, False), (2, False), (3, False)]
-    assert consumer.counters["given_back"] == 2 and consumer.counters["suspects"] == 0
+    assert [(d.delivery_count, d.redelivered) for d in deliveries] == [(1, False), (2, False), (2, False)]
+    assert len({d.message_id for d in deliveries}) == 1  # the copy reports the original id
+    assert consumer.counters["given_back"] == 1 and consumer.counters["release_copies"] == 1
+    assert consumer.counters["suspects"] == 0
     await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
 
 
@@ -200,11 +201,43 @@ async def test_an_unsettled_delivery_lapses_and_comes_back_as_a_suspect(sb: SBEn
     assert consumer.counters["suspects"] == 1
 
 
-async def test_a_give_back_by_another_consumer_is_a_false_suspect(sb: SBEnv) -> None:
-    """What is remembered is this process's own abandons: another process's release (a graceful
-    restart) looks like a crash here. It costs running alone once; a crash is never missed."""
-    sb.create_queue(lock_duration=30)
-    await sb.send_bodies(b"x")
+async def test_a_release_on_a_queue_is_uncounted_in_any_process_and_a_suspect_stays_one(sb: SBEnv) -> None:
+    """A graceful restart: what one consumer released, another receives uncounted and not a
+    suspect, unless it was a suspect already (its lock had lapsed once)."""
+    sb.create_queue(lock_duration=LOCK)
+    [healthy, crashed] = await sb.send_bodies(b"healthy", b"crashed")
+    go = asyncio.Event()
+
+    async def release_later(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"crashed" and not delivery.redelivered:
+            return  # handed back unsettled, as by a crash: its lock lapses
+        await go.wait()
+        await delivery.release()
+
+    releasing = Received(release_later)
+    first = sb.consumer()
+    await first.subscribe(sb.queue, releasing, prefetch=2)
+    await releasing.take(3)  # healthy; crashed; crashed again, as a suspect
+    await first.pause()  # the first consumer takes nothing more: the second one gets the releases
+    go.set()
+    await eventually(lambda: first.counters["release_copies"] == 2, within=5, what="the releases")
+    await first.close()
+    acking = Received(lambda d: d.ack())
+    second = sb.consumer()
+    await second.subscribe(sb.queue, acking, prefetch=2)
+    after = {d.message_id: (d.delivery_count, d.redelivered) for d in await acking.take(2)}
+    assert after == {healthy: (1, False), crashed: (2, True)}
+
+
+async def test_an_abandon_seen_by_another_consumer_is_a_false_suspect(sb: SBEnv) -> None:
+    """What is remembered is this process's own abandons (here a release on a subscription, which
+    cannot take a copy): another process takes the redelivery for a possible crash. It costs
+    running alone once; a real crash is never missed."""
+    topic = sb.queue + "-topic"
+    sb.server.create_topic(topic)
+    sb.server.create_subscription(topic, "audit", lock_duration=30)
+    path = f"{topic}/Subscriptions/audit"
+    await sb.send_bodies(b"x", entity=topic)
     go = asyncio.Event()
 
     async def release_later(delivery: ServiceBusDelivery) -> None:
@@ -213,15 +246,15 @@ async def test_a_give_back_by_another_consumer_is_a_false_suspect(sb: SBEnv) -> 
 
     releasing = Received(release_later)
     first = sb.consumer()
-    await first.subscribe(sb.queue, releasing, prefetch=1)
+    await first.subscribe(path, releasing, prefetch=1)
     await releasing.next()
-    await first.pause()  # the first consumer takes nothing more: the second one gets the release
+    await first.pause()
     go.set()
     await eventually(lambda: first.counters["given_back"] == 1, within=5, what="the release")
     await first.close()
     acking = Received(lambda d: d.ack())
     second = sb.consumer()
-    await second.subscribe(sb.queue, acking, prefetch=1)
+    await second.subscribe(path, acking, prefetch=1)
     delivery = await acking.next()
     assert (delivery.delivery_count, delivery.redelivered) == (2, True)
 

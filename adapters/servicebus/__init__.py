@@ -37,7 +37,9 @@ retry(0)        ``abandon_message``
 retry(delay)    queue: a copy scheduled ``delay`` seconds ahead, then ``complete_message``; session
                 entity or subscription: the lock held (renewed) for ``delay``, then abandoned
 dead_letter     ``dead_letter_message(reason, error_description)`` into ``<entity>/$DeadLetterQueue``
-release         ``abandon_message``, remembered as our own give-back
+release         queue: an uncounted copy, then ``complete_message`` (restarts and outages leave no
+                count and no suspect behind); session entity or subscription: ``abandon_message``,
+                remembered as our own give-back
 renew_lock      ``renew_message_lock`` (``session.renew_lock`` for a session message); the lock
                 keeper renews every unsettled delivery (and each held session) at half its time left
 delivery count  ``x-consumer-kit-deliveries + delivery_count + 1``
@@ -51,12 +53,13 @@ publish         ``message_id`` = event id, ``session_id`` = partition key, ``sub
 **redelivered.** Service Bus raises ``delivery_count`` on abandon and on lock expiry alike. A
 redelivery counts as our own give-back only when this process abandoned that very message (entity,
 sequence number) and the count is exactly the next one; anything else is a suspect
-(:mod:`adapters.servicebus.give_backs`). A real crash is never missed; a message given back by
-another process, or by this one before a restart, is a false suspect, which costs only running
-alone once.
+(:mod:`adapters.servicebus.give_backs`). A real crash is never missed; a message abandoned by
+another process, or by this one before a restart (a release on a session entity or a
+subscription, a ``retry(0)``), is a false suspect, which costs only running alone once. Releases
+on plain queues are copies and never make a suspect.
 
-**Broker delivery limit.** Service Bus also counts our own abandons (``release`` on shutdown or a
-database outage, ``retry(0)``, held retries): set the entities' ``MaxDeliveryCount`` well above
+**Broker delivery limit.** Service Bus also counts our own abandons (``retry(0)``, held retries,
+releases on session entities and subscriptions): set the entities' ``MaxDeliveryCount`` well above
 consumer-kit's own bounds, at least ``max(50, 5 * (max_deliveries + crash_limit))`` plus the
 give-backs you expect (Service Bus allows up to 2000; the emulator caps it at 10). It is a loop
 guard only: consumer-kit counts attempts in its ledger.

@@ -39,6 +39,8 @@ class ServiceBusConsumer(Consumer):
         connect_timeout: seconds opening one receiver may take.
         give_back_capacity: how many of its own abandons the consumer remembers
             (:mod:`adapters.servicebus.give_backs`).
+        renew_locks: renew every held lock (the default). ``False`` only for tests that need a lock
+            to lapse under a running handler.
 
     Raises:
         ValueError: on invalid arguments.
@@ -57,6 +59,7 @@ class ServiceBusConsumer(Consumer):
         receive_wait: float = 1.0,
         connect_timeout: float = 30.0,
         give_back_capacity: int = DEFAULT_CAPACITY,
+        renew_locks: bool = True,
     ) -> None:
         if settle_timeout <= 0 or receive_wait <= 0 or connect_timeout <= 0:
             raise ValueError("settle_timeout, receive_wait and connect_timeout must be > 0 seconds")
@@ -65,6 +68,7 @@ class ServiceBusConsumer(Consumer):
         self._settle_timeout = settle_timeout
         self._receive_wait = receive_wait
         self._connect_timeout = connect_timeout
+        self._renew_locks = renew_locks
         self.counters = ConsumerCounters()
         self.give_backs = GiveBacks(give_back_capacity)
         self._keeper = LockKeeper()
@@ -205,6 +209,7 @@ class ServiceBusConsumer(Consumer):
                 settle_timeout=self._settle_timeout,
                 receive_wait=self._receive_wait,
                 connect_timeout=self._connect_timeout,
+                renew_locks=self._renew_locks,
             )
         return self._context
 

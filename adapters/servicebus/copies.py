@@ -1,7 +1,9 @@
-"""Scheduled copies for delayed retries on a queue: one sender per queue, opened on first use."""
+"""Copies sent back to a queue in a delivery's place (delayed retries, releases): one sender per
+queue, opened on first use."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 from azure.servicebus import ServiceBusMessage
@@ -12,11 +14,13 @@ from adapters.servicebus.entities import sender_for
 from adapters.servicebus.limits import TooLarge, check_fits_alone
 
 
-class RetryCopies:
-    """Schedules retry copies into ``queue`` (``ServiceBusSender.schedule_messages``).
+class Copies:
+    """Sends copies into ``queue``: at once (``send_messages``) or scheduled (``schedule_messages``),
+    one at a time: the SDK neither opens one sender concurrently nor keeps concurrent transfers and
+    management requests on one link in order (see :class:`~adapters.servicebus.route.Route`).
 
     Args:
-        client: the consumer's client (the copies share its connection).
+        client: the consumer's client (the sender opens a connection of its own).
         queue: the queue the copies go back to.
         close_timeout: seconds to wait for the sender to close.
     """
@@ -26,29 +30,36 @@ class RetryCopies:
         self.queue = queue
         self._close_timeout = close_timeout
         self._sender: ServiceBusSender | None = None
+        self._one_at_a_time = asyncio.Lock()
 
-    async def schedule(self, copy: ServiceBusMessage, when: dt.datetime, *, body_size: int, what: str) -> int:
-        """Schedule ``copy`` to become receivable at ``when`` (aware UTC); returns its sequence
-        number. No timeout here: the delivery's settlement bound covers the call.
+    async def put(self, copy: ServiceBusMessage, *, when: dt.datetime | None, body_size: int, what: str) -> None:
+        """Send ``copy`` now (``when`` is ``None``) or schedule it to become receivable at ``when``
+        (aware UTC). No timeout here: the delivery's settlement bound covers the call.
 
         Raises:
             adapters.servicebus.limits.TooLarge: the copy does not fit the queue's limits (not sent).
             azure.servicebus.exceptions.ServiceBusError: the broker refused it or the link failed
                 (the sender is re-opened on the next call).
         """
+        async with self._one_at_a_time:
+            await self._put(copy, when=when, body_size=body_size, what=what)
+
+    async def _put(self, copy: ServiceBusMessage, *, when: dt.datetime | None, body_size: int, what: str) -> None:
         sender = self._sender or sender_for(self._client, self.queue)
         self._sender = sender
         try:
             await check_fits_alone(sender, copy, body_size=body_size, what=what)
-            [sequence_number] = await sender.schedule_messages(copy, when)
+            if when is None:
+                await sender.send_messages(copy)
+            else:
+                await sender.schedule_messages(copy, when)
         except TooLarge:
             raise
         except Exception:
             self._sender = None
-            await close_quietly(sender, self._close_timeout, f"the retry sender of {self.queue}")
+            await close_quietly(sender, self._close_timeout, f"the copy sender of {self.queue}")
             raise
-        return int(sequence_number)
 
     async def close(self) -> None:
         sender, self._sender = self._sender, None
-        await close_quietly(sender, self._close_timeout, f"the retry sender of {self.queue}")
+        await close_quietly(sender, self._close_timeout, f"the copy sender of {self.queue}")

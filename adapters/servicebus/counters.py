@@ -7,10 +7,12 @@ import collections
 NAMES = (
     "received",          # deliveries handed to the worker
     "suspects",          # deliveries marked redelivered (a worker may have died holding them)
-    "given_back",        # abandons of our own (retry without delay, release, end of a held retry)
+    "given_back",        # abandons of our own (retry without delay, end of a held retry, release
+                         # on sessions and subscriptions, a copy that could not be sent)
     "retry_copies",      # delayed retries sent as a scheduled copy (then the original completed)
+    "release_copies",    # releases sent as an uncounted copy (then the original completed)
     "held_retries",      # delayed retries held under lock, then abandoned (sessions, subscriptions)
-    "copy_refused",      # scheduled copies that could not be sent: abandoned at once instead
+    "copy_refused",      # retry or release copies that could not be sent: abandoned at once instead
     "dead_lettered",     # deliveries moved to the dead-letter sub-queue
     "locks_lost",        # MessageLockLostError / SessionLockLostError (renewal or settlement)
     "settlements_lost",  # settlements that failed or overran: the broker redelivers the message

@@ -12,8 +12,13 @@ retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_mes
                seconds, then ``abandon_message``
 dead_letter    ``dead_letter_message(reason=..., error_description=...)`` (cut to 1024 and 4096
                characters): the message moves to ``<entity>/$DeadLetterQueue`` with them
-release        ``abandon_message``, remembered as our own give-back (Service Bus counts it as a
-               delivery, which only informs: consumer-kit counts attempts in its ledger)
+release        a queue: an **uncounted copy** sent at once (``x-consumer-kit-deliveries`` =
+               deliveries before this one, the suspect mark only if this delivery was a suspect),
+               then ``complete_message``: graceful restarts and outages neither count toward the
+               entity's ``MaxDeliveryCount`` nor make the next delivery a suspect, in any process.
+               A session queue or a subscription: ``abandon_message``, remembered as our own
+               give-back (Service Bus counts it; the next delivery is a suspect in any other
+               process, see :mod:`adapters.servicebus.give_backs`)
 =============  =====================================================================================
 
 **A lost lock ends it.** Once Service Bus reports the lock lost (``MessageLockLostError``, or
@@ -22,14 +27,15 @@ ours: nothing is sent for it again (an ack after that raises at once, never reac
 ``lost`` is set, and the broker redelivers the message to whoever receives next, where the ledger
 answers it as a duplicate when its transaction had committed. Counted as ``locks_lost``.
 
-**Trade-off of the scheduled copy** (queues): the delay costs no lock, no slot and no renewals,
-however long, but the copy is a new message: a new sequence number (it leaves the queue's order),
-a new message id (the original's is kept in ``x-consumer-kit-message-id``: duplicate detection
-must not drop the copy), and the deliveries so far in ``x-consumer-kit-deliveries``. The copy is
-scheduled before the original is completed (at least once): if the completion fails, both come
-back and the ledger answers the second as a duplicate. A copy too large for the queue, or refused,
-is not sent: the original is abandoned at once instead (the delay is lost, not the message;
-counted ``copy_refused``). **Trade-off of the held retry** (sessions, subscriptions): order is kept
+**Trade-off of copies** (queues): a delayed retry costs no lock, no slot and no renewals, however
+long, and a release leaves no count behind, but a copy is a new message: a new sequence number (it
+leaves the queue's order), a new message id (the original's is kept in
+``x-consumer-kit-message-id``: duplicate detection must not drop the copy), and the deliveries so
+far in ``x-consumer-kit-deliveries`` (:mod:`adapters.servicebus.messages`). The copy is sent
+before the original is completed (at least once): if the completion fails, both come back and the
+ledger answers the second as a duplicate. A copy too large for the queue, or refused, is not sent:
+the original is abandoned at once instead (a retry's delay is lost, not the message; counted
+``copy_refused``). **Trade-off of the held retry** (sessions, subscriptions): order is kept
 (the abandoned message is the session's next again) but the delivery keeps its slot and its lock,
 renewed, until the delay is over; if the process dies meanwhile, the lock lapses and the message
 comes back as a suspect.
@@ -49,11 +55,12 @@ from adapters.servicebus.limits import TooLarge
 from adapters.servicebus.messages import (
     DEAD_LETTER_DESCRIPTION_MAX_CHARS,
     DEAD_LETTER_REASON_MAX_CHARS,
+    REDELIVERED_PROPERTY,
     body_of,
+    copy_of,
     delivery_count_of,
     headers_of,
     message_id_of,
-    retry_copy,
     schedule_time,
 )
 from adapters.servicebus.renewal import Renewal
@@ -95,7 +102,10 @@ class ServiceBusDelivery(Delivery):
             headers=headers,
             body=body_of(message),
             delivery_count=delivery_count_of(message, headers),
-            redelivered=route.give_backs.is_suspect(entity, message.sequence_number or 0, broker_count),
+            redelivered=(
+                route.give_backs.is_suspect(entity, message.sequence_number or 0, broker_count)
+                or REDELIVERED_PROPERTY in headers
+            ),
             correlation_id=message.correlation_id,
             partition_key=message.session_id,
             enqueued_at=message.enqueued_time_utc,
@@ -192,7 +202,9 @@ class ServiceBusDelivery(Delivery):
         if delay <= 0:
             await self._give_back()
         elif self._route.copies is not None:
-            await self._schedule_copy(delay)
+            await self._copy_then_complete(
+                "retry", deliveries_before=self.delivery_count, suspect=False, when=schedule_time(delay)
+            )
         else:
             self._hold = asyncio.create_task(
                 self._hold_then_give_back(delay), name=f"consumer-kit servicebus hold {self.message_id}"
@@ -212,7 +224,12 @@ class ServiceBusDelivery(Delivery):
         self._mark_released()
 
     async def _release(self) -> None:
-        await self._give_back()
+        if self._route.copies is not None:
+            await self._copy_then_complete(
+                "release", deliveries_before=self.delivery_count - 1, suspect=self.redelivered, when=None
+            )
+        else:
+            await self._give_back()
 
     async def _abandon(self) -> None:
         """A settlement failed or overran: abandon, unless the lock is gone already. Not remembered
@@ -240,31 +257,34 @@ class ServiceBusDelivery(Delivery):
         self._route.counters.add("given_back")
         self._mark_released()
 
-    async def _schedule_copy(self, delay: float) -> None:
+    async def _copy_then_complete(
+        self, why: str, *, deliveries_before: int, suspect: bool, when: dt.datetime | None
+    ) -> None:
+        """Send a copy in this delivery's place (at ``when``, else now), then complete the original.
+        A copy too large or refused falls back to an abandon now (counted ``copy_refused``); a failed
+        link fails the settlement (the broker redelivers the original)."""
         copies = self._route.copies
         assert copies is not None
         if self.lock_lost:
             raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
-        copy = retry_copy(
+        copy = copy_of(
             self._message, self.headers, self.body,
-            delivery_count=self.delivery_count, message_id=self.message_id,
+            deliveries_before=deliveries_before, message_id=self.message_id, suspect=suspect,
         )
         try:
-            await copies.schedule(
-                copy, schedule_time(delay), body_size=len(self.body), what=f"retry copy of message_id={self.message_id}",
-            )
+            await copies.put(copy, when=when, body_size=len(self.body), what=f"{why} copy of message_id={self.message_id}")
         except Exception as exc:
             if not isinstance(exc, TooLarge) and not is_refusal(exc):
                 raise  # the link failed: the settlement is lost, the broker redelivers
             self._route.counters.add("copy_refused")
             logger.warning(
-                "retry copy of queue=%s message_id=%s not sent (%s): abandoning it now instead of in %.1fs",
-                self.queue, self.message_id, describe(exc), delay,
+                "%s copy of queue=%s message_id=%s not sent (%s): abandoning the original now instead",
+                why, self.queue, self.message_id, describe(exc),
             )
             await self._give_back()
             return
         await self._sdk(self._route.receiver.complete_message)
-        self._route.counters.add("retry_copies")
+        self._route.counters.add(f"{why}_copies")
         self._mark_released()
 
     async def _hold_then_give_back(self, delay: float) -> None:

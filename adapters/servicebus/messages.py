@@ -9,10 +9,13 @@ Application properties of consumer-kit's own:
 =================================  ================================================================
 property                           meaning
 =================================  ================================================================
-``x-consumer-kit-deliveries``      on a scheduled retry copy: the deliveries of the message before
-                                   the copy (the copy's own count starts again at 0 on the broker)
-``x-consumer-kit-message-id``      on a scheduled retry copy: the message id of the original (the
-                                   copy has a new one, see :func:`retry_copy`)
+``x-consumer-kit-deliveries``      on a copy (a delayed retry, a release): the deliveries of the
+                                   message before the copy (the copy's own count starts again at 0
+                                   on the broker; a release copy does not count the released one)
+``x-consumer-kit-message-id``      on a copy: the message id of the original (the copy has a new
+                                   one, see :func:`copy_of`)
+``x-consumer-kit-redelivered``     on a release copy of a suspect: the copy is a suspect too (a
+                                   suspect stays a suspect)
 =================================  ================================================================
 
 Delivery count: ``x-consumer-kit-deliveries + delivery_count + 1`` (the SDK's ``delivery_count`` is
@@ -38,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 DELIVERIES_PROPERTY = "x-consumer-kit-deliveries"
 ORIGINAL_MESSAGE_ID_PROPERTY = "x-consumer-kit-message-id"
+REDELIVERED_PROPERTY = "x-consumer-kit-redelivered"
 
 DEAD_LETTER_REASON_MAX_CHARS = 1024
 DEAD_LETTER_DESCRIPTION_MAX_CHARS = 4096
@@ -75,17 +79,20 @@ def message_id_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any]
     return str(original) if original else message.message_id
 
 
-def retry_copy(
+def copy_of(
     message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes, *,
-    delivery_count: int, message_id: str | None,
+    deliveries_before: int, message_id: str | None, suspect: bool,
 ) -> ServiceBusMessage:
-    """A copy of ``message`` to schedule as a delayed retry: same body and properties, a new
-    message id (duplicate detection must not drop it as a repeat of the original), and the
-    deliveries so far and the original id in consumer-kit's properties."""
-    properties: dict[str | bytes, Any] = dict(headers.items())
-    properties[DELIVERIES_PROPERTY] = delivery_count
+    """A copy of ``message`` to send back in its place (a delayed retry, a release): same body and
+    properties, a new message id (duplicate detection must not drop it as a repeat of the
+    original), ``deliveries_before`` and the original id in consumer-kit's properties, and the
+    suspect mark only when ``suspect``."""
+    properties: dict[str | bytes, Any] = {k: v for k, v in headers.items() if k != REDELIVERED_PROPERTY}
+    properties[DELIVERIES_PROPERTY] = deliveries_before
     if message_id is not None:
         properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
+    if suspect:
+        properties[REDELIVERED_PROPERTY] = 1
     return ServiceBusMessage(
         body,
         application_properties=properties,

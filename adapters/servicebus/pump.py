@@ -25,7 +25,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from tenacity import AsyncRetrying, RetryCallState
 
 from adapters.servicebus.connection import BACKOFF, close_quietly
-from adapters.servicebus.copies import RetryCopies
+from adapters.servicebus.copies import Copies
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.delivery import ServiceBusDelivery
 from adapters.servicebus.entities import Entity
@@ -50,6 +50,7 @@ class PumpContext:
         settle_timeout: seconds; bound on settlements, renewals, closing and quiescing.
         receive_wait: seconds one receive call waits for a first message.
         connect_timeout: seconds opening one receiver may take.
+        renew_locks: renew held locks (``False`` only for tests that need a lock to lapse).
     """
 
     client: ServiceBusClient
@@ -61,6 +62,7 @@ class PumpContext:
     settle_timeout: float
     receive_wait: float
     connect_timeout: float
+    renew_locks: bool = True
 
 
 class EntityPump:
@@ -76,7 +78,7 @@ class EntityPump:
         self._prefetch = prefetch
         self._context = context
         self._copies = (
-            RetryCopies(context.client, entity.path, close_timeout=context.settle_timeout)
+            Copies(context.client, entity.path, close_timeout=context.settle_timeout)
             if entity.is_queue else None
         )
         self._receiver: ServiceBusReceiver | None = None
@@ -162,7 +164,8 @@ class EntityPump:
         delivery = ServiceBusDelivery(message, self._route, settle_timeout=self._context.settle_timeout)
         self._in_hand.add(delivery)
         delivery.on_released(self._free_slot)
-        self._context.keeper.keep(delivery, name=f"queue={self.entity.path} message_id={delivery.message_id}")
+        if self._context.renew_locks:
+            self._context.keeper.keep(delivery, name=f"queue={self.entity.path} message_id={delivery.message_id}")
         self._context.dispatch(delivery, self._callback)
 
     def _free_slot(self, delivery: ServiceBusDelivery) -> None:

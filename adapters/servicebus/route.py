@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
 
-from adapters.servicebus.copies import RetryCopies
+from adapters.servicebus.copies import Copies
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.entities import Entity
 from adapters.servicebus.errors import LOCK_LOST, describe
@@ -80,7 +80,7 @@ class Route:
         receiver: the SDK receiver that locked the message (settlement goes through it).
         give_backs: this process's abandons (``redelivered``, see :mod:`adapters.servicebus.give_backs`).
         counters: the consumer's counters.
-        copies: schedules delayed-retry copies (queues without sessions), else ``None``.
+        copies: sends retry and release copies (queues without sessions), else ``None``.
         session: the session lock covering the message (session entities), else ``None``.
         management: held around every ``$management`` request on ``receiver`` (lock renewals):
             the SDK sends concurrent requests on one link with out-of-order delivery ids, which an
@@ -92,6 +92,6 @@ class Route:
     receiver: ServiceBusReceiver
     give_backs: GiveBacks
     counters: ConsumerCounters
-    copies: RetryCopies | None = None
+    copies: Copies | None = None
     session: SessionLock | None = None
     management: asyncio.Lock = field(default_factory=asyncio.Lock)

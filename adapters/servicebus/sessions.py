@@ -141,7 +141,8 @@ class _SessionSlot:
         return receiver
 
     async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock) -> None:
-        self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
+        if self._context.renew_locks:
+            self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
         route = Route(self.entity, receiver, self._context.give_backs, self._context.counters, session=lock)
         while not lock.lost:
             async with self._receiving:
