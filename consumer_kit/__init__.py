@@ -5,12 +5,15 @@ The public API is re-exported here; see README.md for a walkthrough.
 
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, OutgoingMessage, Publisher, PublishError, Settlement
+from consumer_kit.effects import Evidence, Reconciled
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
     ConfigurationError,
     ConsumerKitError,
+    ContextSealed,
     DeadLetterReason,
     InvalidMessage,
+    LeaseLost,
     PermanentFailure,
     RetryableError,
 )
@@ -25,19 +28,23 @@ __all__ = [
     "ConfigurationError",
     "Consumer",
     "ConsumerKitError",
+    "ContextSealed",
     "Context",
     "DeadLetterReason",
     "Delivery",
     "DeliveryReport",
     "Envelope",
+    "Evidence",
     "Handler",
     "InvalidMessage",
+    "LeaseLost",
     "OperationIdentity",
     "Outcome",
     "OutboxWriter",
     "OutgoingMessage",
     "PermanentFailure",
     "PublishError",
+    "Reconciled",
     "Publisher",
     "Result",
     "RetryableError",

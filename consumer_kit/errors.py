@@ -41,6 +41,12 @@ class ContextSealed(ConsumerKitError):
     transaction is over, so the event cannot be written with it."""
 
 
+class LeaseLost(ConsumerKitError):
+    """This worker no longer holds the operation's lease (another worker took it over after it
+    expired): whatever this attempt does now is fenced out; it must stop, and its delivery is not
+    acked."""
+
+
 class InvalidMessage(ConsumerKitError):
     """A delivery cannot be processed as sent; it is dead-lettered with ``reason``."""
 

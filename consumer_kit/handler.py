@@ -22,15 +22,16 @@ import inspect
 import typing
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from psycopg import AsyncConnection
 from pydantic import BaseModel
 
+from consumer_kit.effects import Evidence, LeaseHooks, Reconciled
 from consumer_kit.envelope import DEFAULT_TENANT, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
-from consumer_kit.identity import OperationIdentity, fingerprint_of
+from consumer_kit.identity import OperationIdentity, downstream_key, fingerprint_of
 from consumer_kit.outbox import PendingEvent, pending_event
 
 M = TypeVar("M", bound=BaseModel)
@@ -51,22 +52,80 @@ class Result:
     body: Any = None
 
 
-@dataclass
 class Context:
     """What a handler gets besides its message.
 
     Attributes:
-        connection: the open psycopg connection, inside the delivery's transaction. Everything
-            written through it commits together with the ledger row and the outbox rows.
         operation: scope, key and fingerprint of the operation.
         envelope: broker facts of the delivery (message id, headers, delivery count).
+        events: the outbox events published so far (written with the ledger's completion).
+        sealed: ``True`` once ``handle()`` returned: nothing can be added any more.
     """
 
-    connection: AsyncConnection[Any]
-    operation: OperationIdentity
-    envelope: Envelope
-    events: list[PendingEvent] = field(default_factory=list)
-    sealed: bool = False
+    def __init__(
+        self,
+        connection: AsyncConnection[Any] | None,
+        operation: OperationIdentity,
+        envelope: Envelope,
+        *,
+        lease: LeaseHooks | None = None,
+    ) -> None:
+        self._connection = connection
+        self.operation = operation
+        self.envelope = envelope
+        self._lease = lease
+        self.events: list[PendingEvent] = []
+        self.sealed = False
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        """The psycopg connection inside the delivery's transaction: everything written through
+        it commits together with the ledger row and the outbox rows.
+
+        Raises:
+            ConfigurationError: a handler with ``external_effects`` has not called
+                ``await ctx.begin()`` yet (its writes belong to the completion transaction, which
+                opens after its remote calls).
+        """
+        if self._connection is None:
+            raise ConfigurationError(
+                "this handler has external_effects: call `conn = await ctx.begin()` after the remote "
+                "calls; its writes commit with the ledger's completion"
+            )
+        return self._connection
+
+    async def begin(self) -> AsyncConnection[Any]:
+        """The connection of the transaction that commits with the ledger's completion: the open
+        delivery transaction on the transactional path; on the leased path (``external_effects``)
+        it is opened here, once, so no database transaction is held during remote calls."""
+        if self._connection is None and self._lease is not None:
+            self._connection = await self._lease.begin()
+        return self.connection
+
+    def downstream_key(self, name: str) -> str:
+        """An idempotency key for the remote call ``name`` (a UUID string), derived from scope,
+        operation key and ``name``: identical on every attempt and every worker, so the remote
+        side (payment API, e-mail provider) can deduplicate retries of this operation's call."""
+        return downstream_key(self.operation.scope, self.operation.key, name)
+
+    async def record_evidence(self, name: str, **facts: Any) -> None:
+        """Durably record ``facts`` (JSON values; no secrets) about the remote call ``name``, in a
+        short transaction of its own: the intent before the call (``intent=...``) and what came
+        back after (remote request id, provider message id, status). A worker that recovers the
+        operation reads them in ``Handler.reconcile``; ``consumer-kit ledger show`` prints them.
+
+        Raises:
+            ConfigurationError: the handler does not declare ``external_effects``.
+            ContextSealed: ``handle()`` has already returned.
+            LeaseLost: this worker no longer holds the operation (another took it over): stop.
+        """
+        if self._lease is None:
+            raise ConfigurationError(
+                "record_evidence needs `external_effects = True` on the handler (the leased path)"
+            )
+        if self.sealed:
+            raise ContextSealed(f"record_evidence({name!r}) after handle() returned")
+        await self._lease.record_evidence(name, facts)
 
     def seal(self) -> None:
         """Called by the runtime when ``handle()`` returned: the delivery's transaction is being
@@ -146,6 +205,11 @@ class Handler(Generic[M]):
             queue; defaults to the model's class name.
         key_from_message_id: fall back to the broker message id when no ``operation-id`` header is
             present (only safe where producers set a stable message id per operation).
+        external_effects: the handler calls something outside PostgreSQL (a payment API, e-mail):
+            take the leased path (see :mod:`consumer_kit.effects`): the claim commits first under
+            a lease, ``ctx.record_evidence`` and ``ctx.downstream_key`` serve the remote calls,
+            ``await ctx.begin()`` opens the completion transaction, and ``reconcile`` decides for
+            an operation whose previous owner died.
     """
 
     operation_type: ClassVar[str]
@@ -155,6 +219,7 @@ class Handler(Generic[M]):
     earlier_projections: ClassVar[Mapping[int, Any]] = {}
     message_type: ClassVar[str | None] = None
     key_from_message_id: ClassVar[bool] = False
+    external_effects: ClassVar[bool] = False
     model: ClassVar[type[BaseModel]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -234,6 +299,21 @@ class Handler(Generic[M]):
         if not isinstance(value, str):
             raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id must be a string")
         return value
+
+    async def reconcile(self, message: M, evidence: Evidence, ctx: Context) -> Reconciled:
+        """Decide, for an operation whose previous owner's lease expired, whether its remote
+        effect happened (leased path only; called before anything else). Query the remote side
+        with ``ctx.downstream_key(name)`` and the ``evidence`` facts.
+
+        The default knows nothing about the remote side: ``unknown`` (park for an operator) when
+        any call recorded evidence (it may have reached the remote side), else ``not_done``.
+        """
+        if evidence.started():
+            return Reconciled.unknown(
+                f"{type(self).__name__} recorded a remote call ({', '.join(sorted({r.name for r in evidence}))}) "
+                "and has no reconcile()"
+            )
+        return Reconciled.not_done()
 
     async def handle(self, message: M, ctx: Context) -> Result | None:
         """Do the business effect through ``ctx.connection`` and ``ctx.publish``.

@@ -93,6 +93,16 @@ class UnsupportedNumber(ValueError):
     equal to itself), or beyond :data:`MAX_NUMBER_DIGITS`."""
 
 
+_DOWNSTREAM_NAMESPACE = uuid.UUID("5c0a1f3e-7d2b-4e8a-9b61-0c4f2e9d7a13")
+
+
+def downstream_key(scope: str, key: str, name: str) -> str:
+    """The idempotency key of remote call ``name`` of operation (``scope``, ``key``): a UUIDv5
+    string, the same on every attempt and every worker (RFC 9562 name-based UUID over the three
+    parts, separated so that no two triples collide)."""
+    return str(uuid.uuid5(_DOWNSTREAM_NAMESPACE, "\x1f".join((scope, key, name))))
+
+
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` canonically (see module docstring).
 

@@ -14,7 +14,8 @@ class Outcome(enum.StrEnum):
     DUPLICATE = "duplicate"  # completed before: stored result replayed, handler not run
     PAYLOAD_CONFLICT = "payload_conflict"  # same key, different fingerprint: dead-lettered
     IN_PROGRESS = "in_progress"  # another worker holds the operation: retried later
-    LEASE_RECOVERED = "lease_recovered"  # an expired lease was taken over and the handler ran
+    LEASE_RECOVERED = "lease_recovered"  # an expired lease was taken over, reconciled and completed
+    LEASE_LOST = "lease_lost"  # another worker took the lease over: not completed, not acked
     RETRIED = "retried"  # handler fault: rolled back, retried (counted toward max_deliveries)
     CONTENDED = "contended"  # lock timeout / deadlock / serialization failure: retried, counted apart
     RELEASED = "released"  # given back uncounted: environment fault, shutdown, running alone

@@ -29,7 +29,6 @@ by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -37,7 +36,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -50,31 +49,37 @@ from consumer_kit.admission import Admission, GiveBack
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.database import (
-    BEGIN,
-    COMMIT,
-    COMMIT_AND_RESET,
-    ROLLBACK_AND_RESET,
-    bounded,
-    discard,
-    open_pool,
-)
+from consumer_kit.database import bounded, open_pool
+from consumer_kit.decision import Decision
 from consumer_kit.decoding import Decoded, decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
     DeadLetterReason,
     InvalidMessage,
     PermanentFailure,
-    RetryableError,
     SimulatedCrash,
 )
 from consumer_kit.faults import FaultKind, StatementTimeout, classify
-from consumer_kit.handler import Context, Result
+from consumer_kit.handler import Context
 from consumer_kit.identity import OperationIdentity, UnsupportedNumber
-from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger, OperationRow
+from consumer_kit.leased import LeasedPath
+from consumer_kit.ledger import AttemptBook, AttemptCounts, Fence, Ledger, OperationRow
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import Counters, describe_error, record, tracer
+from consumer_kit.transaction import (
+    CommitUncertain,
+    StaleConnection,
+    TransactionEnded,
+    begin,
+    commit,
+    commit_forbidden,
+    ensure_transaction_open,
+    ensure_transaction_usable,
+    rollback,
+    stored_result,
+    within_handler_timeout,
+)
 
 __all__ = ["Runtime", "default_worker_id", "open_pool"]
 
@@ -88,38 +93,8 @@ IN_PLACE_CONTENTION_RETRIES = 3
 _CONTENTION_BASE_DELAY = 0.05  # seconds; full jitter, doubling per retry
 
 
-class HandlerTimeout(RetryableError):
-    """The handler ran longer than ``handler_timeout``: a handler fault (rolled back, retried)."""
-
-
-class _TransactionEnded(Exception):
-    """The handler ended the delivery's transaction itself (``COMMIT``/``ROLLBACK`` sent as SQL):
-    part of its effect may be durable without the ledger's completion."""
-
-
 class _ClaimBusy(Exception):
     """The claim waited on a concurrent claimer of the same key for longer than lock_timeout."""
-
-
-class _StaleConnection(Exception):
-    """A pooled connection was dead before anything was sent on it: take another one."""
-
-
-class _Settle:
-    """What to do with the delivery once the transaction is over (settle after COMMIT, never inside)."""
-
-    def __init__(
-        self,
-        outcome: Outcome,
-        how: Settlement,
-        *,
-        delay: float = 0.0,
-        reason: str | None = None,
-        detail: str = "",
-        result: StoredResult | None = None,
-    ) -> None:
-        self.outcome, self.how, self.delay = outcome, how, delay
-        self.reason, self.detail, self.result = reason, detail, result
 
 
 def default_worker_id() -> str:
@@ -167,6 +142,10 @@ class Runtime:
         self.on_environment_fault: Callable[[str], None] | None = None
         self.before_release: Callable[[], Awaitable[None]] | None = None
         self._uncleared: set[OperationIdentity] = set()  # run-alone markers to clear once it can
+        self.leased = LeasedPath(
+            pool, settings, self.ledger, self.worker_id,
+            existing_row=self._handle_for_state, on_commit_uncertain=self._commit_uncertain,
+        )
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
@@ -187,7 +166,7 @@ class Runtime:
                 span.set_attribute("consumer_kit.operation_key", decoded.identity.key)
                 decision = await self._admitted(delivery, decoded, envelope)  # steps 4 to 8
             except InvalidMessage as exc:
-                decision = _Settle(
+                decision = Decision(
                     Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail
                 )
             except SimulatedCrash:
@@ -215,7 +194,7 @@ class Runtime:
 
     # -- admission: one limit per process, redelivered messages alone ------------------------------
 
-    async def _admitted(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
+    async def _admitted(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
         try:
             if delivery.redelivered:
                 async with self.admission.alone():
@@ -223,9 +202,9 @@ class Runtime:
             async with self.admission.slot():
                 return await self._run(delivery, decoded, envelope)
         except GiveBack as back:
-            return _Settle(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
+            return Decision(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
 
-    async def _run_alone(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
+    async def _run_alone(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
         """Run a redelivered message with nothing else running: if the process dies now, the next
         run finds this run's marker and counts a crash against this operation, and only this one."""
         identity = decoded.identity
@@ -251,7 +230,7 @@ class Runtime:
                 "parking scope=%s operation_key=%s message_id=%s: the process died %s times running it alone",
                 identity.scope, identity.key, delivery.message_id, counts.crashes,
             )
-            return _Settle(
+            return Decision(
                 Outcome.CRASHED_WORKER, Settlement.DEAD_LETTER,
                 reason=DeadLetterReason.CRASHED_WORKER.value,
                 detail=f"the worker process died {counts.crashes} times while running this operation "
@@ -292,12 +271,14 @@ class Runtime:
 
     # -- steps 4 to 8 ----------------------------------------------------------------------------
 
-    async def _run(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> _Settle:
+    async def _run(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
         """Execute, retrying contention in place a few times, and turn any fault into a decision."""
         contended = 0
         while True:
             try:
                 crashpoints.reached(CrashPoint.BEFORE_CLAIM)
+                if decoded.handler.external_effects:
+                    return await self.leased.execute(delivery, decoded, envelope)
                 return await self._execute(decoded, envelope)
             except InvalidMessage:
                 raise  # a handler may declare its input invalid: dead-lettered by process()
@@ -309,37 +290,37 @@ class Runtime:
                     continue
                 return await self._after_fault(delivery, decoded, exc, kind)
 
-    async def _execute(self, decoded: Decoded, envelope: Envelope) -> _Settle:
+    async def _execute(self, decoded: Decoded, envelope: Envelope) -> Decision:
         identity = decoded.identity
         try:
             for _ in range(self.pool.max_size + 1):
                 async with self.pool.connection() as conn:
                     try:
                         decision = await self._transaction(conn, decoded, envelope)
-                    except _StaleConnection:
+                    except StaleConnection:
                         continue  # a connection that died in the pool: not this delivery's fault
                     break
             else:
                 raise StatementTimeout("no live pooled connection")
         except PermanentFailure as failure:
             decision = await self._record_failure(decoded, envelope, failure)
-        except _TransactionEnded as exc:
+        except TransactionEnded as exc:
             # What committed cannot be known here: park the operation (never re-run it blindly).
             detail = str(exc)
             await self._bookkeeping(
                 lambda conn: self.ledger.park(
                     conn, identity, message_id=envelope.message_id,
-                    error_class=_TransactionEnded.__name__, detail=detail,
+                    error_class=TransactionEnded.__name__, detail=detail,
                 ),
                 "parking",
             )
-            return _Settle(
+            return Decision(
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
                 reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=detail,
             )
         except _ClaimBusy:
             # Another transaction holds this key's claim past lock_timeout: never run in parallel.
-            return _Settle(
+            return Decision(
                 Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
                 reason="claim_lock_timeout",
             )
@@ -350,55 +331,37 @@ class Runtime:
 
     async def _transaction(
         self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
-    ) -> _Settle:
+    ) -> Decision:
         """BEGIN, claim and run, COMMIT with the session reset; ROLLBACK on any exception."""
         timeout = self.settings.statement_timeout
-        try:
-            async with bounded(timeout, "BEGIN"):
-                await conn.execute(BEGIN)
-        except psycopg.OperationalError as exc:
-            if conn.broken:
-                raise _StaleConnection from exc
-            raise
+        await begin(conn, timeout)
         try:
             decision = await self._claim_and_run(conn, decoded, envelope)
         except BaseException:
-            await self._rollback(conn)
+            await rollback(conn, timeout)
             raise
-        ran_handler = decision.outcome in (Outcome.EXECUTED, Outcome.LEASE_RECOVERED)
         try:
-            async with bounded(timeout, "COMMIT"):
-                await conn.execute(COMMIT_AND_RESET if ran_handler else COMMIT, prepare=False)
-        except (StatementTimeout, psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if isinstance(exc, psycopg.Error) and exc.sqlstate and not conn.broken:
-                raise  # the server answered (a deferred constraint, a serialization failure)
-            # The COMMIT was sent but its reply is lost or late: the effect may or may not be
-            # durable. Never ack; the redelivery reads the truth from the ledger.
-            await discard(conn)
-            self._environment_fault(f"COMMIT outcome unknown ({describe_error(exc)})")
-            return _Settle(
-                Outcome.UNCERTAIN, Settlement.RELEASED, reason="commit_outcome_unknown",
-                detail=describe_error(exc),
-            )
+            await commit(conn, timeout, reset=decision.outcome is Outcome.EXECUTED)
+        except CommitUncertain as exc:
+            # Never ack; the redelivery reads the truth from the ledger.
+            return self._commit_uncertain(exc)
         return decision
 
-    async def _rollback(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if conn.closed or conn.broken:
-            return
-        try:
-            async with bounded(self.settings.statement_timeout, "ROLLBACK"):
-                await conn.execute(ROLLBACK_AND_RESET, prepare=False)
-        except BaseException:  # noqa: BLE001 - a connection that cannot roll back is thrown away
-            await discard(conn)
+    def _commit_uncertain(self, exc: CommitUncertain) -> Decision:
+        described = describe_error(exc.__cause__ or exc)
+        self._environment_fault(f"COMMIT outcome unknown ({described})")
+        return Decision(
+            Outcome.UNCERTAIN, Settlement.RELEASED, reason="commit_outcome_unknown", detail=described
+        )
 
     async def _claim_and_run(
         self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
-    ) -> _Settle:
+    ) -> Decision:
         identity = decoded.identity
         try:
             # The claim may wait lock_timeout on a concurrent claimer, then must answer.
             async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
-                claimed, row = await self.ledger.claim(
+                claim = await self.ledger.claim(
                     conn, identity, owner=self.worker_id,
                     lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
                 )
@@ -406,58 +369,58 @@ class Runtime:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
             # handler (on a business row) is contention.
             raise _ClaimBusy from exc
-        recovered = False
-        if not claimed:
-            if row is None:  # deleted between our two reads: let the redelivery claim afresh
-                return _Settle(Outcome.IN_PROGRESS, Settlement.RETRY, reason="row_vanished")
-            verdict = self._handle_for_state(row, decoded)
+        if not claim.claimed:
+            if claim.row is None:  # deleted between our two reads: let the redelivery claim afresh
+                return Decision(Outcome.IN_PROGRESS, Settlement.RETRY, reason="row_vanished")
+            verdict = self._handle_for_state(claim.row, decoded)
             if verdict is not None:
                 return verdict
-            # Expired lease on a processing row: take it over with a conditional write.
-            async with bounded(self.settings.statement_timeout, "the lease take-over"):
-                recovered = await self.ledger.take_over_expired_lease(
-                    conn, identity.scope, identity.key, owner=self.worker_id,
-                    lease_seconds=self.settings.lease_seconds,
-                )
-            if not recovered:
-                return _Settle(
-                    Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
-                    reason="lease_taken_by_another_worker",
-                )
+            # A processing row whose lease expired was committed by a run that died (a handler
+            # with external effects, or one that committed its own transaction). This handler
+            # declares no external effects, so nothing can reconcile it: never run it again
+            # blindly (DESIGN.md "External effects").
+            return Decision(
+                Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
+                detail=f"operation {identity.scope}/{identity.key} is processing under an expired "
+                f"lease of {claim.row.lease_owner} and {type(decoded.handler).__name__} has no "
+                "external_effects to reconcile it: resolve it with `consumer-kit ledger`",
+            )
+        assert claim.xid is not None  # the claim inserted: the transaction has an id
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         ctx = Context(conn, identity, envelope)
         # A PermanentFailure propagates: the whole transaction (claim included) rolls back and
         # _execute records the failure in a transaction of its own (DESIGN.md step 8). No
         # savepoint on the common path: it would cost two round trips on every delivery.
-        handler_scope = asyncio.timeout(self.settings.handler_timeout)
         try:
-            with _commit_forbidden(conn):
-                async with handler_scope:
-                    try:
-                        result = await decoded.handler.handle(decoded.message, ctx)
-                    finally:
-                        ctx.seal()  # a publish after this point raises ContextSealed
-        except TimeoutError:
-            if handler_scope.expired():
-                raise HandlerTimeout(
-                    f"handler ran longer than handler_timeout ({self.settings.handler_timeout:g} s)"
-                ) from None
-            raise
+            with commit_forbidden(conn):
+                try:
+                    result = await within_handler_timeout(
+                        decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
+                    )
+                finally:
+                    ctx.seal()  # a publish after this point raises ContextSealed
         finally:
-            _ensure_transaction_open(conn)
-        _ensure_transaction_usable(conn)
+            ensure_transaction_open(conn)
+        ensure_transaction_usable(conn)
         crashpoints.reached(CrashPoint.IN_HANDLER)
-        stored = _stored(result)
+        stored = stored_result(result)
         async with bounded(self.settings.statement_timeout, "the ledger completion"):
-            await self.ledger.complete(
-                conn, identity, stored, events=ctx.events, correlation_id=envelope.correlation_id
+            completed = await self.ledger.complete(
+                conn, identity, stored, fence=Fence.of_transaction(claim.xid), events=ctx.events,
+                correlation_id=envelope.correlation_id,
             )
-        outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
-        return _Settle(outcome, Settlement.ACK, result=stored)
+        if not completed:
+            # The claim's transaction is not this one any more: the handler sent COMMIT (or
+            # ROLLBACK) and BEGIN itself, so part of its effect may be durable already.
+            raise TransactionEnded(
+                "the handler ended the delivery's transaction and began another (COMMIT; BEGIN sent as SQL)"
+            )
+        return Decision(Outcome.EXECUTED, Settlement.ACK, result=stored)
 
     async def _record_failure(
         self, decoded: Decoded, envelope: Envelope, failure: PermanentFailure
-    ) -> _Settle:
+    ) -> Decision:
         """Record a permanent failure after its transaction rolled back. If another delivery of the
         key committed in between, its row decides (duplicate, replayed failure or in progress)."""
         identity = decoded.identity
@@ -474,14 +437,14 @@ class Runtime:
         recorded, row = await self._bookkeeping(write, "recording the failure")
         if recorded:
             stored = StoredResult(failure.code, None, None)
-            return _Settle(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
+            return Decision(Outcome.FAILED, Settlement.ACK, reason=failure.code, result=stored)
         verdict = self._handle_for_state(row, decoded) if row is not None else None
-        return verdict or _Settle(
+        return verdict or Decision(
             Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
             reason="failure_not_recorded",
         )
 
-    def _handle_for_state(self, row: OperationRow, decoded: Decoded) -> _Settle | None:
+    def _handle_for_state(self, row: OperationRow, decoded: Decoded) -> Decision | None:
         """Decide for a key that already has a ledger row. ``None``: an expired lease to recover."""
         identity = decoded.identity
         if row.fingerprint != identity.fingerprint:
@@ -489,30 +452,30 @@ class Runtime:
             if conflict is not None:
                 return conflict
         if row.state == ledger_states.COMPLETED:
-            return _Settle(Outcome.DUPLICATE, Settlement.ACK, result=row.stored_result)
+            return Decision(Outcome.DUPLICATE, Settlement.ACK, result=row.stored_result)
         if row.state == ledger_states.FAILED:
-            return _Settle(
+            return Decision(
                 Outcome.FAILED_RETAINED, Settlement.ACK, reason=row.result_status, result=row.stored_result
             )
         if row.state == ledger_states.NEEDS_RECONCILIATION:
-            return _Settle(
+            return Decision(
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
                 reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
                 detail="operation awaits reconciliation; redrive once it is resolved",
             )
         if row.lease_live:
-            return _Settle(
+            return Decision(
                 Outcome.IN_PROGRESS, Settlement.RETRY, delay=self.settings.in_progress_delay,
                 reason="lease_held",
             )
         return None
 
-    def _compare_intent(self, row: OperationRow, decoded: Decoded) -> _Settle | None:
+    def _compare_intent(self, row: OperationRow, decoded: Decoded) -> Decision | None:
         """The stored fingerprint differs from this message's: a payload conflict, unless the row
         was recorded under another projection version, in which case this message is compared
         under that version (``Handler.earlier_projections``). ``None``: the same intent."""
         identity, handler = decoded.identity, decoded.handler
-        conflict = _Settle(
+        conflict = Decision(
             Outcome.PAYLOAD_CONFLICT, Settlement.DEAD_LETTER,
             reason=DeadLetterReason.PAYLOAD_CONFLICT.value,
             detail=f"operation {identity.scope}/{identity.key} exists with another fingerprint",
@@ -530,7 +493,7 @@ class Runtime:
                 "no longer declares: parked for reconciliation",
                 identity.scope, identity.key, row.projection_version, type(handler).__name__,
             )
-            return _Settle(
+            return Decision(
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
                 reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
                 detail=f"recorded under projection v{row.projection_version}; "
@@ -543,7 +506,7 @@ class Runtime:
 
     async def _after_fault(
         self, delivery: Delivery, decoded: Decoded, exc: Exception, kind: FaultKind
-    ) -> _Settle:
+    ) -> Decision:
         described = describe_error(exc)
         error_class = type(exc).__name__
         # The exception's own text can quote business values, so the full traceback is DEBUG only.
@@ -556,7 +519,7 @@ class Runtime:
                 "deterministic rejection %s on queue=%s message_id=%s: dead-lettering",
                 described, delivery.queue, delivery.message_id,
             )
-            return _Settle(
+            return Decision(
                 Outcome.INVALID, Settlement.DEAD_LETTER,
                 reason=f"{DeadLetterReason.INVALID_DATA.value}:{error_class}", detail=described,
             )
@@ -588,7 +551,7 @@ class Runtime:
     def _after_handler_fault(
         self, delivery: Delivery, identity: OperationIdentity, counts: AttemptCounts,
         error_class: str, described: str,
-    ) -> _Settle:
+    ) -> Decision:
         limit = self.settings.max_deliveries
         last = counts.failures >= limit
         logger.log(
@@ -598,12 +561,12 @@ class Runtime:
             "dead-lettering" if last else "rolled back, will retry",
         )
         if last:
-            return _Settle(
+            return Decision(
                 Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
                 reason=f"{DeadLetterReason.MAX_DELIVERIES.value}:{error_class}",
                 detail=f"{described} on attempt {counts.failures} of {limit}",
             )
-        return _Settle(
+        return Decision(
             Outcome.RETRIED, Settlement.RETRY,
             delay=self.settings.retry_delay(counts.failures), reason=error_class,
         )
@@ -611,7 +574,7 @@ class Runtime:
     def _after_contention(
         self, delivery: Delivery, identity: OperationIdentity, counts: AttemptCounts,
         error_class: str, described: str,
-    ) -> _Settle:
+    ) -> Decision:
         limit = self.settings.max_contentions
         last = counts.contentions >= limit
         logger.log(
@@ -621,21 +584,21 @@ class Runtime:
             "dead-lettering" if last else "rolled back, will retry",
         )
         if last:
-            return _Settle(
+            return Decision(
                 Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
                 reason=f"{DeadLetterReason.MAX_CONTENTIONS.value}:{error_class}",
                 detail=f"{described} on contended attempt {counts.contentions} of {limit}",
             )
-        return _Settle(
+        return Decision(
             Outcome.CONTENDED, Settlement.RETRY,
             delay=random.uniform(0.5, 1.5) * self.settings.in_progress_delay,
             reason=f"contention:{error_class}",
         )
 
-    def _released_for_environment(self, exc: BaseException) -> _Settle:
+    def _released_for_environment(self, exc: BaseException) -> Decision:
         described = describe_error(exc)
         self._environment_fault(described)
-        return _Settle(
+        return Decision(
             Outcome.RELEASED, Settlement.RELEASED, reason=f"environment:{type(exc).__name__}",
             detail=described,
         )
@@ -656,7 +619,7 @@ class Runtime:
 
     # -- settlement ----------------------------------------------------------------------------
 
-    async def _settle(self, delivery: Delivery, decision: _Settle) -> None:
+    async def _settle(self, delivery: Delivery, decision: Decision) -> None:
         """Settle; bounded and never raising (the delivery's own contract)."""
         if decision.how is Settlement.ACK:
             await delivery.ack()
@@ -691,46 +654,3 @@ class Runtime:
             settlement_lost=delivery.lost,
             redelivered=delivery.redelivered,
         )
-
-
-@contextlib.contextmanager
-def _commit_forbidden(conn: psycopg.AsyncConnection[Any]) -> Iterator[None]:
-    """While the handler runs, psycopg treats the connection as inside a ``transaction()`` block:
-    ``commit()`` and ``rollback()`` raise ``ProgrammingError`` and a nested ``transaction()``
-    becomes a savepoint, exactly as inside ``async with conn.transaction():``. The runtime sends
-    BEGIN and COMMIT itself (COMMIT with the session reset, in one round trip), so it counts the
-    block on psycopg's own counter (``_num_transactions``, stable since psycopg 3.0; a test fails
-    if a release changes it). A raw ``COMMIT`` sent as SQL is still caught afterwards."""
-    conn._num_transactions += 1
-    try:
-        yield
-    finally:
-        conn._num_transactions -= 1
-
-
-def _ensure_transaction_open(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Raise :class:`_TransactionEnded` when the handler left no transaction open (the autocommit
-    connection is idle: its writes so far, and the claim, were committed or rolled back)."""
-    if conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE:
-        raise _TransactionEnded(
-            "the handler ended the delivery's transaction (COMMIT or ROLLBACK sent as SQL)"
-        )
-
-
-def _ensure_transaction_usable(conn: psycopg.AsyncConnection[Any]) -> None:
-    """After a handler returned normally: raise ``InFailedSqlTransaction`` when it caught a
-    database error and carried on (the transaction is aborted, so nothing of it can commit; said
-    here rather than as a confusing failure of the ledger's completion)."""
-    if conn.info.transaction_status is psycopg.pq.TransactionStatus.INERROR:
-        raise pg_errors.InFailedSqlTransaction(
-            "the handler caught a database error and returned: its transaction is aborted "
-            "(use `async with ctx.connection.transaction():` around statements that may fail)"
-        )
-
-
-def _stored(result: Any) -> StoredResult:
-    if result is None:
-        return StoredResult("ok", None, None)
-    if isinstance(result, Result):
-        return StoredResult(result.status[:200], (result.reference or None) and result.reference[:500], result.body)
-    raise TypeError(f"handle() must return consumer_kit.Result or None, not {type(result).__name__}")

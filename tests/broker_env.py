@@ -48,14 +48,19 @@ class Env:
         self.reports: asyncio.Queue[DeliveryReport] = asyncio.Queue()
         self.publisher = RabbitMQPublisher(rabbitmq_url)
 
-    async def send(self, body: bytes, headers: dict[str, Any] | None = None) -> str:
-        return await self.send_to(self.queue, body, headers)
+    async def send(
+        self, body: bytes, headers: dict[str, Any] | None = None, *, message_type: str = "CreateInvoice"
+    ) -> str:
+        return await self.send_to(self.queue, body, headers, message_type=message_type)
 
-    async def send_to(self, queue: str, body: bytes, headers: dict[str, Any] | None = None) -> str:
+    async def send_to(
+        self, queue: str, body: bytes, headers: dict[str, Any] | None = None, *,
+        message_type: str = "CreateInvoice",
+    ) -> str:
         message_id = str(uuid.uuid4())
         await self.publisher.publish(
             OutgoingMessage(destination="", routing_key=queue, message_id=message_id, body=body,
-                            message_type="CreateInvoice", headers=headers or {})
+                            message_type=message_type, headers=headers or {})
         )
         return message_id
 

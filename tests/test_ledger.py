@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import Ledger
+from consumer_kit.ledger import EvidenceBook, Fence, Ledger
 from consumer_kit.outcomes import StoredResult
 from tests.harness import throwaway_schema
 
@@ -31,10 +31,12 @@ async def _state(ledger: Ledger, conn: psycopg.AsyncConnection) -> tuple[str, st
 
 async def test_claim_then_duplicate_claim_sees_the_row(ledger_conn) -> None:
     ledger, conn = ledger_conn
-    claimed, row = await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
-    assert claimed and row is not None and row.state == "processing" and row.lease_live
-    claimed, row = await ledger.claim(conn, IDENTITY, owner="w2", lease_seconds=30, message_id="m2")
-    assert not claimed and row is not None and row.lease_owner == "w1"
+    first = await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    assert first.claimed and first.row is not None and first.row.state == "processing" and first.row.lease_live
+    assert first.xid is not None  # the claiming transaction's id: the transactional path's fence
+    again = await ledger.claim(conn, IDENTITY, owner="w2", lease_seconds=30, message_id="m2")
+    assert not again.claimed and again.row is not None and again.row.lease_owner == "w1"
+    assert again.xid is None
 
 
 async def test_failure_is_recorded_on_an_empty_key(ledger_conn) -> None:
@@ -46,7 +48,7 @@ async def test_failure_is_recorded_on_an_empty_key(ledger_conn) -> None:
 async def test_failure_never_overwrites_a_completed_or_failed_row(ledger_conn) -> None:
     ledger, conn = ledger_conn
     await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
-    await ledger.complete(conn, IDENTITY, StoredResult("created", "7"))
+    assert await ledger.complete(conn, IDENTITY, StoredResult("created", "7"), fence=Fence.of_lease("w1", 1))
     assert not await ledger.record_failure(conn, IDENTITY, message_id="m", code="closed", error_class="E", detail="")
     assert await _state(ledger, conn) == ("completed", "created")
 
@@ -82,7 +84,9 @@ async def test_completion_writes_the_events_in_publish_order(ledger_conn) -> Non
         for i in range(5)
     ]
     await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
-    await ledger.complete(conn, IDENTITY, StoredResult("ok", None), events=events, correlation_id="c-9")
+    assert await ledger.complete(
+        conn, IDENTITY, StoredResult("ok", None), fence=Fence.of_lease("w1", 1), events=events, correlation_id="c-9"
+    )
     cur = await conn.execute(
         sql.SQL(
             "SELECT event_id, routing_key, payload, headers, operation_key, correlation_id, partition_key"
@@ -96,3 +100,52 @@ async def test_completion_writes_the_events_in_publish_order(ledger_conn) -> Non
     assert rows[3][3] == {"h": "3"} and rows[3][4] == IDENTITY.key and rows[3][5] == "c-9"
     assert [r[6] for r in rows] == [None, "p", None, "p", None]
     assert await _state(ledger, conn) == ("completed", "ok")
+
+
+# -- fences ---------------------------------------------------------------------------------------
+
+
+async def test_the_transaction_fence_holds_only_in_the_claiming_transaction(ledger_conn) -> None:
+    ledger, conn = ledger_conn
+    async with conn.transaction():
+        claim = await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+        assert claim.xid is not None
+        fence = Fence.of_transaction(claim.xid)
+    async with conn.transaction():  # COMMIT; BEGIN: another transaction
+        await ledger.claim(conn, OperationIdentity("t", "other", 1, "k", "f" * 64, 1),
+                           owner="w1", lease_seconds=30, message_id="m2")  # gets a transaction id
+        assert not await ledger.complete(conn, IDENTITY, StoredResult("ok", None), fence=fence)
+    assert await _state(ledger, conn) == ("processing", None)
+
+
+async def test_the_lease_fence_refuses_another_owner_or_attempt_and_take_over_is_a_compare_and_set(
+    ledger_conn,
+) -> None:
+    ledger, conn = ledger_conn
+    await ledger.claim(conn, IDENTITY, owner="w1", lease_seconds=30, message_id="m1")
+    # a live lease is never taken over
+    assert await ledger.take_over(conn, IDENTITY, owner="w2", expected_owner="w1", expected_attempt=1,
+                                  lease_seconds=30) is None
+    assert await ledger.renew(conn, IDENTITY, Fence.of_lease("w1", 1), 30)
+    assert not await ledger.renew(conn, IDENTITY, Fence.of_lease("w2", 1), 30)
+    assert await ledger.give_up(conn, IDENTITY, Fence.of_lease("w1", 1))  # expired now
+    # of two workers that read (w1, 1), one wins; the other's expectation is stale
+    assert await ledger.take_over(conn, IDENTITY, owner="w2", expected_owner="w1", expected_attempt=1,
+                                  lease_seconds=30) == 2
+    await ledger.give_up(conn, IDENTITY, Fence.of_lease("w2", 2))
+    assert await ledger.take_over(conn, IDENTITY, owner="w3", expected_owner="w1", expected_attempt=1,
+                                  lease_seconds=30) is None
+    # the old owner is fenced out of every write
+    evidence = EvidenceBook(ledger.schema)
+    assert not await evidence.record(conn, IDENTITY, Fence.of_lease("w1", 1), "send", {"x": 1})
+    assert not await ledger.complete(conn, IDENTITY, StoredResult("ok", None), fence=Fence.of_lease("w1", 1))
+    assert not await ledger.end_leased(conn, IDENTITY, Fence.of_lease("w1", 1), state="failed", code="c",
+                                       error_class="E", detail="")
+    assert await evidence.fetch(conn, IDENTITY.scope, IDENTITY.key) == []
+    # the holder of attempt 2 may still write (its lease expired, nobody took it over)
+    assert await evidence.record(conn, IDENTITY, Fence.of_lease("w2", 2), "send", {"x": 2})
+    assert await ledger.end_leased(conn, IDENTITY, Fence.of_lease("w2", 2), state="needs_reconciliation",
+                                   code=None, error_class="E", detail="unknown")
+    assert await _state(ledger, conn) == ("needs_reconciliation", None)
+    (record,) = await evidence.fetch(conn, IDENTITY.scope, IDENTITY.key)
+    assert (record.name, record.attempt, record.worker, record.facts) == ("send", 2, "w2", {"x": 2})

@@ -7,7 +7,7 @@ checks the one-effect guarantee after something goes wrong *inside* the delivery
   a backend killed mid-transaction, a backend killed inside COMMIT, a COMMIT whose reply is lost
   after it became durable (a TCP proxy that swallows the reply);
 * a duplicate storm (200 operations x 5 copies, 3 workers);
-* the claim's ``lock_timeout`` path and lease recovery of a crashed leased operation;
+* the claim's ``lock_timeout`` path (lease recovery lives in test_external_effects.py);
 * handlers that break their transaction (``commit()``, raw ``COMMIT``, an uncaught or a
   swallowed database error), a handler timeout on a running query, and a lost ack.
 
@@ -30,7 +30,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from adapters.rabbitmq import consumer_from_settings
 from consumer_kit import Context, Outcome, Result
-from consumer_kit.identity import OperationIdentity, fingerprint
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
@@ -234,79 +233,8 @@ async def test_duplicate_waiting_past_lock_timeout_is_in_progress_then_duplicate
     assert await renv.queue_depth() == 0
 
 
-# -- 4. lease recovery ----------------------------------------------------------------------------
-
-
-async def insert_expired_lease(env: ResilienceEnv, order_id: int, amount: int = 1250) -> OperationIdentity:
-    """The ledger row a crashed leased operation leaves: processing, lease expired a minute ago."""
-    message = CreateInvoice.model_validate_json(command(order_id, amount))
-    handler = CreateInvoiceHandler()
-    identity = OperationIdentity(
-        tenant="default", operation_type=handler.operation_type, version=handler.version,
-        key=handler.operation_key(message, None),  # type: ignore[arg-type]
-        fingerprint=fingerprint(message, handler.fingerprint_exclude),
-        projection_version=handler.projection_version,
-    )
-    await env.rows(
-        "INSERT INTO operations (scope, key, tenant, operation_type, fingerprint, projection_version, "
-        "state, attempts, lease_owner, lease_expires_at, message_id) VALUES "
-        "(%s, %s, %s, %s, %s, %s, 'processing', 1, 'crashed-host:1:dead', now() - interval '1 minute', "
-        "'lost-message') RETURNING 1",
-        identity.scope, identity.key, identity.tenant, identity.operation_type, identity.fingerprint,
-        identity.projection_version,
-    )
-    return identity
-
-
-async def test_expired_lease_is_recovered_once_by_two_concurrent_deliveries(renv: ResilienceEnv) -> None:
-    """Two copies race for an expired lease: the first takes it over and runs the handler (held
-    open by the test); the second waits on the row, times out (``in_progress``), and after the
-    first commits is a ``duplicate``. ``attempts`` counts the take-over."""
-    identity = await insert_expired_lease(renv, 7)
-    gate = Gate(block={1})
-    app = renv.app(GatedInvoiceHandler(gate))
-    async with renv.run(app, concurrency=1, lock_timeout=0.3), renv.run(app, lock_timeout=0.3):
-        await renv.send_command(7)
-        await asyncio.wait_for(gate.entered.wait(), 15)
-        await renv.send_command(7)
-        waiting = await renv.outcomes_until(lambda seen: count(seen, Outcome.IN_PROGRESS) >= 1)
-        assert [r.outcome for r in waiting] == [Outcome.IN_PROGRESS]
-        assert gate.calls == 1
-        gate.release.set()
-        rest = await renv.outcomes_until(lambda seen: count(seen, Outcome.DUPLICATE) == 1)
-    outcomes = collections.Counter(r.outcome for r in waiting + rest)
-    assert outcomes[Outcome.LEASE_RECOVERED] == 1 and outcomes[Outcome.EXECUTED] == 0, outcomes
-    assert (gate.calls, gate.max_running) == (1, 1)
-    await assert_effects(renv, {7: 1250})
-    assert await renv.rows(
-        "SELECT attempts, lease_owner, lease_expires_at, message_id FROM operations WHERE key = %s",
-        identity.key,
-    ) == [(2, None, None, "lost-message")]
-    assert await renv.queue_depth() == 0
-
-
-async def test_live_lease_is_in_progress_and_never_taken_over(renv: ResilienceEnv) -> None:
-    """A processing row whose lease is still live (another worker is mid-operation) is never run:
-    the delivery comes back ``in_progress`` with reason ``lease_held``."""
-    identity = await insert_expired_lease(renv, 8)
-    await renv.rows(
-        "UPDATE operations SET lease_expires_at = now() + interval '1 hour' WHERE key = %s RETURNING 1",
-        identity.key,
-    )
-    gate = Gate(block=set())
-    async with renv.run(renv.app(GatedInvoiceHandler(gate))):
-        await renv.send_command(8)
-        reports = await renv.outcomes_until(lambda seen: count(seen, Outcome.IN_PROGRESS) >= 2)
-        # Let the lease expire (as the clock would): the next redelivery recovers it.
-        await renv.rows(
-            "UPDATE operations SET lease_expires_at = now() - interval '1 second' WHERE key = %s "
-            "RETURNING 1", identity.key,
-        )
-        rest = await renv.outcomes_until(lambda seen: count(seen, Outcome.LEASE_RECOVERED) == 1)
-    assert {(r.outcome, r.reason) for r in reports} == {(Outcome.IN_PROGRESS, "lease_held")}
-    assert gate.calls == 1
-    assert rest[-1].outcome is Outcome.LEASE_RECOVERED
-    await assert_effects(renv, {8: 1250})
+# -- 4. lease recovery: see tests/test_external_effects.py (the leased path reconciles; a
+# transactional handler never re-runs a row whose lease expired) ----------------------------------
 
 
 # -- 5. handlers that break their transaction -----------------------------------------------------
@@ -413,7 +341,7 @@ async def test_handler_ending_the_transaction_itself_is_parked_for_reconciliatio
         )
     assert handler.calls == {mode: 1}
     assert await renv.rows("SELECT key, state, lease_owner, error_class FROM operations") == [
-        ("order-5-rev-2", "needs_reconciliation", None, "_TransactionEnded")
+        ("order-5-rev-2", "needs_reconciliation", None, "TransactionEnded")
     ]
     assert await renv.rows("SELECT order_id FROM invoices") == invoices
     assert await renv.rows("SELECT customer_id, invoiced_cents FROM customers") == customers

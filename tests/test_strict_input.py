@@ -49,7 +49,7 @@ def test_bodies_without_one_meaning_are_refused_with_a_specific_reason(
     with pytest.raises(InvalidMessage) as refused:
         loads(body)
     assert refused.value.reason is reason
-    assert body.decode("latin-1")[:20] not in refused.value.detail or len(body) < 4  # no quoting
+    assert body.decode("latin-1") not in refused.value.detail  # the detail never quotes the body
 
 
 @pytest.mark.parametrize(

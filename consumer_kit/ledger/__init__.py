@@ -1,17 +1,21 @@
-"""The operation ledger: ``operations`` (one row per operation: claim, state, result) and
-``attempts`` (consumer-kit's own count of faults, contentions and crashes per operation).
+"""The operation ledger: ``operations`` (one row per operation: claim, state, result, lease),
+``attempts`` (consumer-kit's own count of faults, contentions and crashes per operation) and
+``evidence`` (what handlers with external effects recorded about their remote calls).
 
 All ledger SQL lives in this package, built with ``psycopg.sql`` (the schema name is an
 identifier, never formatted by hand).
 """
 
 from consumer_kit.ledger.attempts import AttemptBook, AttemptCounts, AttemptRecord
+from consumer_kit.ledger.evidence import EvidenceBook, EvidenceRecord
 from consumer_kit.ledger.migrations import LEDGER_MIGRATIONS, migrate, missing_migrations, schema_ready
 from consumer_kit.ledger.operations import (
     COMPLETED,
     FAILED,
     NEEDS_RECONCILIATION,
     PROCESSING,
+    Claim,
+    Fence,
     Ledger,
     OperationRow,
 )
@@ -25,6 +29,10 @@ __all__ = [
     "AttemptBook",
     "AttemptCounts",
     "AttemptRecord",
+    "Claim",
+    "EvidenceBook",
+    "EvidenceRecord",
+    "Fence",
     "Ledger",
     "OperationRow",
     "migrate",

@@ -67,6 +67,29 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        3,
+        # External effects (the leased path): what a handler recorded about its remote calls, so a
+        # worker that finds the operation's lease expired can reconcile instead of calling again
+        # blindly; and who resolved an operation by hand (`consumer-kit ledger resolve`), when, why.
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.evidence (
+            id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            scope        text        NOT NULL,
+            key          text        NOT NULL,
+            name         text        NOT NULL,
+            attempt      integer     NOT NULL,
+            worker       text        NOT NULL,
+            facts        jsonb       NOT NULL,
+            recorded_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE INDEX IF NOT EXISTS evidence_operation_idx ON {schema}.evidence (scope, key, id);
+        ALTER TABLE {schema}.operations
+            ADD COLUMN IF NOT EXISTS resolved_by     text,
+            ADD COLUMN IF NOT EXISTS resolved_at     timestamptz,
+            ADD COLUMN IF NOT EXISTS resolution_note text;
+        """,
+    ),
 ]
 
 

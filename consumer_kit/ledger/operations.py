@@ -74,6 +74,60 @@ _TERMINAL_UPSERT = sql.SQL(
 )
 
 
+TRANSACTION = "transaction"
+LEASE = "lease"
+LEASE_AND_TRANSACTION = "lease_and_transaction"
+_FENCES = {
+    TRANSACTION: sql.SQL("pg_current_xact_id_if_assigned() = %(xid)s::xid8"),
+    LEASE: sql.SQL("lease_owner = %(owner)s AND attempts = %(attempt)s"),
+    LEASE_AND_TRANSACTION: sql.SQL(
+        "lease_owner = %(owner)s AND attempts = %(attempt)s "
+        "AND pg_current_xact_id_if_assigned() = %(xid)s::xid8"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`Ledger.claim` found: ``claimed`` (this transaction inserted the row), the row,
+    and the id of the transaction that claimed (``None`` when not claimed)."""
+
+    claimed: bool
+    row: OperationRow | None
+    xid: str | None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a write of the operation's owner must still match: the claiming transaction
+    (``kind == TRANSACTION``, ``xid``) or the lease (``kind == LEASE``, ``owner`` and ``attempt``,
+    the fencing token)."""
+
+    kind: str
+    xid: str | None = None
+    owner: str | None = None
+    attempt: int | None = None
+
+    @classmethod
+    def of_transaction(cls, xid: str) -> Fence:
+        return cls(TRANSACTION, xid=xid)
+
+    @classmethod
+    def of_lease(cls, owner: str, attempt: int) -> Fence:
+        return cls(LEASE, owner=owner, attempt=attempt)
+
+    def within_transaction(self, xid: str) -> Fence:
+        """This lease fence, also bound to the completion transaction ``xid``."""
+        return Fence(LEASE_AND_TRANSACTION, xid=xid, owner=self.owner, attempt=self.attempt)
+
+    def params(self) -> dict[str, Any]:
+        if self.kind == TRANSACTION:
+            return {"xid": self.xid}
+        if self.kind == LEASE:
+            return {"owner": self.owner, "attempt": self.attempt}
+        return {"xid": self.xid, "owner": self.owner, "attempt": self.attempt}
+
+
 def _render(statement: sql.Composable) -> bytes:
     """Compose once at start-up, not on every execute (the identifiers never change)."""
     return statement.as_bytes(None)
@@ -97,30 +151,36 @@ class Ledger:
                     %(projection_version)s, 'processing', 1, %(owner)s,
                     now() + make_interval(secs => %(lease)s), %(message_id)s)
                 ON CONFLICT (scope, key) DO NOTHING
-                RETURNING true AS claimed, {columns}
+                RETURNING true AS claimed, pg_current_xact_id_if_assigned()::text AS xid, {columns}
             )
             SELECT * FROM claimed
             UNION ALL
-            SELECT false AS claimed, {columns} FROM {table}
+            SELECT false AS claimed, NULL AS xid, {columns} FROM {table}
              WHERE scope = %(scope)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
             """
         ).format(table=table, columns=_ROW_COLUMNS))
         self._fetch = _render(sql.SQL(
-            "SELECT false AS claimed, {columns} FROM {table} WHERE scope = %s AND key = %s"
+            "SELECT false AS claimed, NULL AS xid, {columns} FROM {table} WHERE scope = %s AND key = %s"
         ).format(table=table, columns=_ROW_COLUMNS))
+        # The completion is fenced: in the transactional path by the transaction that claimed (a
+        # handler that sent COMMIT and began anew is caught even though a transaction is open); in
+        # the leased path by lease owner and attempt (a worker whose lease was taken over cannot
+        # complete). Each with and without the handler's outbox events in the same statement.
         complete = sql.SQL(
             """
             UPDATE {table} SET state = 'completed', result_status = %(status)s,
                    result_reference = %(reference)s, result_body = %(body)s, lease_owner = NULL,
                    lease_expires_at = NULL, updated_at = now(), completed_at = now()
-             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing'
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
             """
-        ).format(table=table)
-        self._complete = _render(complete)
-        # The same completion with the handler's outbox events written in the same statement.
-        self._complete_with_events = _render(
-            sql.SQL("WITH {events} {complete}").format(events=events_cte(schema), complete=complete)
         )
+        self._complete: dict[tuple[str, bool], bytes] = {}
+        for kind, fence in _FENCES.items():
+            statement = complete.format(table=table, fence=fence)
+            self._complete[kind, False] = _render(statement)
+            self._complete[kind, True] = _render(
+                sql.SQL("WITH {events} {complete}").format(events=events_cte(schema), complete=statement)
+            )
         # A permanent failure is recorded in its own transaction, after the handler's was rolled
         # back: insert the failed row, or turn a processing row into it when its lease is over.
         self._record_failure = _render(_TERMINAL_UPSERT.format(
@@ -132,16 +192,42 @@ class Ledger:
         self._park = _render(_TERMINAL_UPSERT.format(
             table=table, state=sql.Literal(NEEDS_RECONCILIATION), only_if=sql.SQL("true")
         ))
-        # Conditional write: only one worker can take over a given expired lease.
+        # Compare-and-set on (owner, attempt): of two workers that found the same expired lease,
+        # one takes it over; the attempt number it returns is its fencing token from then on.
         self._take_over = _render(sql.SQL(
             """
-            UPDATE {table} SET lease_owner = %s, lease_expires_at = now() + make_interval(secs => %s),
+            UPDATE {table} SET lease_owner = %(owner)s,
+                   lease_expires_at = now() + make_interval(secs => %(lease)s),
                    attempts = attempts + 1, updated_at = now()
-             WHERE scope = %s AND key = %s AND state = 'processing'
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing'
+               AND attempts = %(attempt)s AND lease_owner IS NOT DISTINCT FROM %(expected_owner)s
                AND (lease_expires_at IS NULL OR lease_expires_at <= now())
             RETURNING attempts
             """
         ).format(table=table))
+        lease_fence = _FENCES[LEASE]
+        self._renew = _render(sql.SQL(
+            """
+            UPDATE {table} SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
+            """
+        ).format(table=table, fence=lease_fence))
+        # Give the lease up at once (a handler fault): the retry takes it over and reconciles.
+        self._give_up = _render(sql.SQL(
+            """
+            UPDATE {table} SET lease_expires_at = now(), updated_at = now()
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
+            """
+        ).format(table=table, fence=lease_fence))
+        # The leased path's own terminal transitions, fenced like its completion.
+        self._end_leased = _render(sql.SQL(
+            """
+            UPDATE {table} SET state = %(state)s, result_status = %(code)s, error_class = %(error_class)s,
+                   error_detail = %(detail)s, lease_owner = NULL, lease_expires_at = NULL,
+                   updated_at = now(), completed_at = CASE WHEN %(state)s = 'failed' THEN now() END
+             WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
+            """
+        ).format(table=table, fence=lease_fence))
 
     async def claim(
         self,
@@ -151,12 +237,13 @@ class Ledger:
         owner: str,
         lease_seconds: float,
         message_id: str | None,
-    ) -> tuple[bool, OperationRow | None]:
-        """Atomically claim ``identity`` inside the caller's transaction.
+    ) -> Claim:
+        """Atomically claim ``identity`` in the caller's transaction (the leased path runs it as a
+        transaction of its own, committed at once).
 
-        Returns ``(True, row)`` when this transaction inserted the row (it owns the operation until
-        COMMIT), else ``(False, existing_row)``; ``existing_row`` is ``None`` only if the row vanished
-        between the two reads (retention), in which case the caller retries.
+        Returns a :class:`Claim`: ``claimed`` when this transaction inserted the row (it owns the
+        operation: until COMMIT, or under its lease), else the existing row; ``row`` is ``None``
+        only if it vanished between the two reads (retention), and the caller retries.
 
         Raises:
             psycopg.errors.LockNotAvailable: a concurrent claimer held the key past ``lock_timeout``.
@@ -179,9 +266,10 @@ class Ledger:
                 await cur.execute(self._fetch, (identity.scope, identity.key))
                 found = await cur.fetchone()
         if found is None:
-            return False, None
+            return Claim(False, None, None)
         claimed = bool(found.pop("claimed"))
-        return claimed, OperationRow(**found)
+        xid = found.pop("xid")
+        return Claim(claimed, OperationRow(**found), xid)
 
     async def fetch(self, conn: AsyncConnection[Any], scope: str, key: str) -> OperationRow | None:
         """The row for (scope, key), or ``None``."""
@@ -191,6 +279,7 @@ class Ledger:
         if found is None:
             return None
         found.pop("claimed")
+        found.pop("xid")
         return OperationRow(**found)
 
     async def complete(
@@ -199,14 +288,15 @@ class Ledger:
         identity: OperationIdentity,
         result: StoredResult,
         *,
+        fence: Fence,
         events: Sequence[PendingEvent] = (),
         correlation_id: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Mark the claimed operation ``completed`` with its result and write its outbox
         ``events``, in one statement of the caller's transaction (the effect's transaction).
 
-        Raises:
-            RuntimeError: the row was not ``processing`` (changed inside the handler's transaction).
+        Returns ``False`` when the fence no longer holds (nothing written): the transaction that
+        claimed was ended by the handler, or the lease was taken over by another worker.
         """
         params: dict[str, Any] = {
             "status": result.status,
@@ -214,14 +304,69 @@ class Ledger:
             "body": None if result.body is None else Jsonb(result.body),
             "scope": identity.scope,
             "key": identity.key,
+            **fence.params(),
         }
-        statement = self._complete
         if events:
             params.update(events_params(events, identity, correlation_id))
-            statement = self._complete_with_events
-        cur = await conn.execute(statement, params)
-        if cur.rowcount != 1:
-            raise RuntimeError(f"ledger row {identity.scope}/{identity.key} was not processing at completion")
+        cur = await conn.execute(self._complete[fence.kind, bool(events)], params)
+        return cur.rowcount == 1
+
+    async def take_over(
+        self,
+        conn: AsyncConnection[Any],
+        identity: OperationIdentity,
+        *,
+        owner: str,
+        expected_owner: str | None,
+        expected_attempt: int,
+        lease_seconds: float,
+    ) -> int | None:
+        """Take over a ``processing`` row whose lease expired, if it is still the one read
+        (``expected_owner``, ``expected_attempt``): returns the new attempt number (the fencing
+        token), or ``None`` when another worker got there first."""
+        cur = await conn.execute(
+            self._take_over,
+            {"owner": owner, "lease": lease_seconds, "scope": identity.scope, "key": identity.key,
+             "attempt": expected_attempt, "expected_owner": expected_owner},
+        )
+        row = await cur.fetchone()
+        return None if row is None else int(row[0])
+
+    async def renew(
+        self, conn: AsyncConnection[Any], identity: OperationIdentity, fence: Fence, lease_seconds: float
+    ) -> bool:
+        """Extend the lease held under ``fence`` by ``lease_seconds`` from now. ``False``: it is
+        no longer held (taken over, or the operation ended)."""
+        cur = await conn.execute(
+            self._renew, {"scope": identity.scope, "key": identity.key, "lease": lease_seconds, **fence.params()}
+        )
+        return cur.rowcount == 1
+
+    async def give_up(self, conn: AsyncConnection[Any], identity: OperationIdentity, fence: Fence) -> bool:
+        """Expire the lease held under ``fence`` now, so the next delivery takes it over and
+        reconciles (a handler fault after a remote call may have happened)."""
+        cur = await conn.execute(self._give_up, {"scope": identity.scope, "key": identity.key, **fence.params()})
+        return cur.rowcount == 1
+
+    async def end_leased(
+        self,
+        conn: AsyncConnection[Any],
+        identity: OperationIdentity,
+        fence: Fence,
+        *,
+        state: str,
+        code: str | None,
+        error_class: str,
+        detail: str,
+    ) -> bool:
+        """Move a leased operation still held under ``fence`` to ``failed`` (a permanent failure)
+        or ``needs_reconciliation`` (unknown outcome). ``False``: no longer held."""
+        cur = await conn.execute(
+            self._end_leased,
+            {"scope": identity.scope, "key": identity.key, "state": state, "code": code,
+             "error_class": error_class, "detail": detail[:2000], **fence.params()},
+        )
+        return cur.rowcount == 1
 
     async def record_failure(
         self,
@@ -282,11 +427,4 @@ class Ledger:
                 "detail": detail,
             },
         )
-        return cur.rowcount == 1
-
-    async def take_over_expired_lease(
-        self, conn: AsyncConnection[Any], scope: str, key: str, *, owner: str, lease_seconds: float
-    ) -> bool:
-        """Take over a ``processing`` row whose lease has expired. ``True`` when this call won."""
-        cur = await conn.execute(self._take_over, (owner, lease_seconds, scope, key))
         return cur.rowcount == 1

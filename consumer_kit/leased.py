@@ -1,0 +1,387 @@
+"""The leased path: a handler with external effects (DESIGN.md "External effects").
+
+One remote call cannot sit inside a PostgreSQL transaction, and a timeout is not proof of
+failure, so a handler with ``external_effects = True`` runs like this:
+
+1. **claim** in a transaction of its own, committed at once: the row is ``processing`` under a
+   lease (owner = this worker, expiry, ``attempts`` = the fencing token);
+2. the handler runs outside any transaction: remote calls with ``ctx.downstream_key(name)``,
+   ``ctx.record_evidence(name, ...)`` before and after each call (each fenced by the lease), while
+   a renewer extends the lease and the broker's peek-lock; if a renewal fails the worker no longer
+   owns the operation and the handler is cancelled;
+3. ``await ctx.begin()`` opens the **completion transaction**: the handler's local writes, its
+   outbox events and the ledger's completion commit together, the completion fenced by owner and
+   attempt (and by the transaction that began it): a worker whose lease was taken over cannot
+   complete, is not acked, and says so.
+
+A worker that finds a ``processing`` row whose lease expired takes it over with a compare-and-set
+on (owner, attempt) (``lease_recovered``) and calls ``Handler.reconcile(message, evidence, ctx)``
+before anything else: ``done`` completes without calling, ``not_done`` runs ``handle`` again (same
+downstream keys), ``unknown`` parks the operation as ``needs_reconciliation`` (dead-lettered with
+that reason; an operator resolves it with ``consumer-kit ledger resolve``).
+
+A handler fault after the claim gives the lease up at once, so the retry takes it over and
+reconciles: the remote call may have happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from consumer_kit import crashpoints
+from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.database import bounded
+from consumer_kit.decision import Decision
+from consumer_kit.decoding import Decoded
+from consumer_kit.effects import Evidence, Reconciled, Verdict
+from consumer_kit.envelope import Envelope
+from consumer_kit.errors import DeadLetterReason, LeaseLost, PermanentFailure, SimulatedCrash
+from consumer_kit.handler import Context, Result
+from consumer_kit.ledger import FAILED, NEEDS_RECONCILIATION, EvidenceBook, Fence, Ledger, OperationRow
+from consumer_kit.outcomes import Outcome, StoredResult
+from consumer_kit.settings import Settings
+from consumer_kit.transaction import (
+    CommitUncertain,
+    TransactionEnded,
+    begin,
+    commit,
+    ensure_transaction_open,
+    ensure_transaction_usable,
+    rollback,
+    stored_result,
+    within_handler_timeout,
+)
+
+logger = logging.getLogger("consumer_kit.leased")
+
+T = TypeVar("T")
+
+_MIN_RENEW_INTERVAL = 0.2  # seconds
+
+
+class LeasedPath:
+    """Runs deliveries of handlers with external effects.
+
+    Args:
+        pool: the worker's connection pool.
+        settings: ``lease_seconds``, ``handler_timeout``, ``statement_timeout``, ``in_progress_delay``.
+        ledger: the ledger's ``operations`` statements.
+        worker_id: the lease owner name of this process.
+        existing_row: decides for a key that already has a row (duplicate, conflict, in progress);
+            ``None``: its lease expired (the runtime's own rule, shared with the transactional path).
+        on_commit_uncertain: turns a COMMIT without a reply into the runtime's decision.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        settings: Settings,
+        ledger: Ledger,
+        worker_id: str,
+        *,
+        existing_row: Callable[[OperationRow, Decoded], Decision | None],
+        on_commit_uncertain: Callable[[CommitUncertain], Decision],
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.ledger = ledger
+        self.evidence = EvidenceBook(settings.db_schema)
+        self.worker_id = worker_id
+        self._existing_row = existing_row
+        self._on_commit_uncertain = on_commit_uncertain
+
+    async def execute(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
+        """Steps 1-3 (module docstring) for one delivery; faults propagate to the runtime's
+        classification after the lease was given up."""
+        identity = decoded.identity
+        claim = await self._statement(
+            lambda conn: self.ledger.claim(
+                conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
+                message_id=envelope.message_id,
+            ),
+            "the claim",
+        )
+        if claim.row is None:
+            return Decision.in_progress(0.0, "row_vanished")
+        if claim.claimed:
+            fence, recovered = Fence.of_lease(self.worker_id, claim.row.attempts), False
+        else:
+            verdict = self._existing_row(claim.row, decoded)
+            if verdict is not None:
+                return verdict
+            row = claim.row
+            attempt = await self._statement(
+                lambda conn: self.ledger.take_over(
+                    conn, identity, owner=self.worker_id, expected_owner=row.lease_owner,
+                    expected_attempt=row.attempts, lease_seconds=self.settings.lease_seconds,
+                ),
+                "the lease take-over",
+            )
+            if attempt is None:
+                return Decision.in_progress(self.settings.in_progress_delay, "lease_taken_by_another_worker")
+            logger.warning(
+                "lease of scope=%s operation_key=%s taken over from %s (attempt %s): reconciling",
+                identity.scope, identity.key, row.lease_owner, attempt,
+            )
+            fence, recovered = Fence.of_lease(self.worker_id, attempt), True
+        crashpoints.reached(CrashPoint.AFTER_CLAIM)
+        run = _LeasedRun(self, delivery, decoded, envelope, fence)
+        return await run.own(recovered)
+
+    async def _statement(self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str) -> T:
+        """One autocommit statement on a pooled connection, bounded by ``statement_timeout``."""
+        async with bounded(self.settings.statement_timeout, what):
+            async with self.pool.connection() as conn:
+                return await write(conn)
+
+
+class _LeasedRun:
+    """One attempt holding the lease under ``fence``: what the handler's context calls (the
+    :class:`~consumer_kit.effects.LeaseHooks`), the renewer, and the completion."""
+
+    def __init__(
+        self, path: LeasedPath, delivery: Delivery, decoded: Decoded, envelope: Envelope, fence: Fence
+    ) -> None:
+        self.path = path
+        self.delivery = delivery
+        self.decoded = decoded
+        self.identity = decoded.identity
+        self.fence = fence
+        self.ctx = Context(None, decoded.identity, envelope, lease=self)
+        self.lost: str | None = None  # why this worker no longer holds the lease
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._conn_cm: contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]] | None = None
+        self._recorded: set[str] = set()
+        self.completion_fence = fence
+
+    # -- the handler's hooks ---------------------------------------------------------------------
+
+    async def begin(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None:
+            self._raise_if_lost()
+            self._conn_cm = self.path.pool.connection()
+            conn = await self._conn_cm.__aenter__()
+            timeout = self.path.settings.statement_timeout
+            await begin(conn, timeout)
+            async with bounded(timeout, "the completion transaction's id"):
+                cur = await conn.execute("SELECT pg_current_xact_id()::text")
+                row = await cur.fetchone()
+            assert row is not None
+            # The completion must come from this very transaction (a handler that sends COMMIT
+            # and BEGIN itself is fenced out) and from the lease's holder.
+            self.completion_fence = self.fence.within_transaction(row[0])
+            conn._num_transactions += 1  # commit()/rollback() forbidden, as in commit_forbidden()
+            self._conn = conn
+        return self._conn
+
+    async def record_evidence(self, name: str, facts: dict[str, Any]) -> None:
+        self._raise_if_lost()
+        if name in self._recorded:
+            # The remote call named ``name`` has returned and its outcome is being recorded: the
+            # moment "the remote side accepted, the reply is lost" (a crash here).
+            crashpoints.reached(CrashPoint.DURING_EXTERNAL_CALL)
+        recorded = await self.path._statement(
+            lambda conn: self.path.evidence.record(conn, self.identity, self.fence, name, facts),
+            "recording evidence",
+        )
+        if not recorded:
+            self.lost = "lease taken over (evidence refused)"
+            self._raise_if_lost()
+        self._recorded.add(name)
+
+    # -- the attempt -------------------------------------------------------------------------------
+
+    async def own(self, recovered: bool) -> Decision:
+        handler, message = self.decoded.handler, self.decoded.message
+        timeout = self.path.settings.handler_timeout
+        try:
+            async with self._renewing():
+                if recovered:
+                    evidence = Evidence(await self.path._statement(
+                        lambda conn: self.path.evidence.fetch(conn, self.identity.scope, self.identity.key),
+                        "reading evidence",
+                    ))
+                    verdict = await within_handler_timeout(handler.reconcile(message, evidence, self.ctx), timeout)
+                    if verdict.verdict is Verdict.UNKNOWN:
+                        return await self._park(verdict)
+                    result = verdict.result if verdict.verdict is Verdict.DONE else None
+                    if verdict.verdict is Verdict.NOT_DONE:
+                        result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
+                    elif result is None:
+                        result = Result("reconciled")
+                else:
+                    result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
+                self.ctx.seal()
+                crashpoints.reached(CrashPoint.IN_HANDLER)
+                return await self._complete(stored_result(result), recovered)
+        except LeaseLost as exc:
+            await self._end_transaction()
+            return self._lease_lost(str(exc))
+        except TransactionEnded as exc:
+            # What the handler committed itself cannot be known here: park, never re-run blindly.
+            await self._end_transaction()
+            return await self._park(Reconciled.unknown(str(exc)))
+        except PermanentFailure as failure:
+            await self._end_transaction()
+            return await self._fail(failure)
+        except SimulatedCrash:
+            await self._end_transaction()  # as a dead process's transaction; the lease stays
+            raise
+        except BaseException:
+            self.ctx.seal()
+            await self._end_transaction()
+            await self._give_up()  # the retry takes the lease over and reconciles
+            raise
+
+    async def _complete(self, result: StoredResult, recovered: bool) -> Decision:
+        conn = await self.begin()
+        settings = self.path.settings
+        ensure_transaction_open(conn)
+        ensure_transaction_usable(conn)
+        async with bounded(settings.statement_timeout, "the ledger completion"):
+            completed = await self.path.ledger.complete(
+                conn, self.identity, result, fence=self.completion_fence, events=self.ctx.events,
+                correlation_id=self.ctx.envelope.correlation_id,
+            )
+        if not completed:
+            row = await self.path._statement(
+                lambda c: self.path.ledger.fetch(c, self.identity.scope, self.identity.key), "reading the row"
+            )
+            if row is not None and row.lease_owner == self.fence.owner and row.attempts == self.fence.attempt:
+                # Still ours: the handler ended the completion transaction and began another.
+                raise TransactionEnded(
+                    "the handler ended the completion transaction and began another (COMMIT; BEGIN sent as SQL)"
+                )
+            raise LeaseLost("the completion was fenced out: another worker holds the lease")
+        self._release_guard()
+        try:
+            await commit(conn, settings.statement_timeout, reset=True)
+        except CommitUncertain as exc:
+            return self.path._on_commit_uncertain(exc)
+        finally:
+            await self._return_connection()
+        crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_ACK)
+        outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
+        return Decision(outcome, Settlement.ACK, result=result)
+
+    async def _fail(self, failure: PermanentFailure) -> Decision:
+        ended = await self.path._statement(
+            lambda conn: self.path.ledger.end_leased(
+                conn, self.identity, self.fence, state=FAILED, code=failure.code,
+                error_class=type(failure).__name__, detail=failure.detail,
+            ),
+            "recording the failure",
+        )
+        if not ended:
+            return self._lease_lost("the failure was fenced out")
+        return Decision(
+            Outcome.FAILED, Settlement.ACK, reason=failure.code, result=StoredResult(failure.code, None, None)
+        )
+
+    async def _park(self, verdict: Reconciled) -> Decision:
+        ended = await self.path._statement(
+            lambda conn: self.path.ledger.end_leased(
+                conn, self.identity, self.fence, state=NEEDS_RECONCILIATION, code=None,
+                error_class="Reconciled.unknown", detail=verdict.reason,
+            ),
+            "parking",
+        )
+        if not ended:
+            return self._lease_lost("parking was fenced out")
+        logger.error(
+            "scope=%s operation_key=%s needs reconciliation: %s", self.identity.scope, self.identity.key,
+            verdict.reason,
+        )
+        return Decision(
+            Outcome.UNCERTAIN, Settlement.DEAD_LETTER, reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
+            detail=verdict.reason[:1000],
+        )
+
+    def _lease_lost(self, why: str) -> Decision:
+        logger.warning(
+            "lease of scope=%s operation_key=%s lost (%s): not completing, not acking message_id=%s",
+            self.identity.scope, self.identity.key, why, self.delivery.message_id,
+        )
+        return Decision(Outcome.LEASE_LOST, Settlement.RELEASED, reason="lease_lost", detail=why)
+
+    async def _give_up(self) -> None:
+        try:
+            await self.path._statement(
+                lambda conn: self.path.ledger.give_up(conn, self.identity, self.fence), "giving the lease up"
+            )
+        except Exception as exc:  # noqa: BLE001 - the lease then simply runs out
+            logger.debug("could not give the lease up (%s); it runs out by itself", type(exc).__name__)
+
+    # -- the completion transaction's connection ----------------------------------------------------
+
+    async def _end_transaction(self) -> None:
+        if self._conn is not None:
+            self._release_guard()
+            await rollback(self._conn, self.path.settings.statement_timeout)
+            await self._return_connection()
+
+    def _release_guard(self) -> None:
+        if self._conn is not None and self._conn._num_transactions > 0:
+            self._conn._num_transactions -= 1
+
+    async def _return_connection(self) -> None:
+        cm, self._conn_cm, self._conn = self._conn_cm, None, None
+        if cm is not None:
+            await cm.__aexit__(None, None, None)
+
+    # -- the renewer ----------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _renewing(self) -> AsyncIterator[None]:
+        """Extend the lease and the delivery's peek-lock every third of ``lease_seconds`` while the
+        attempt runs; when either is lost, cancel the attempt (it no longer owns the operation)."""
+        owner = asyncio.current_task()
+        assert owner is not None
+        renewer = asyncio.create_task(self._renew_until_lost(owner), name="consumer-kit lease renewer")
+        try:
+            yield
+        except asyncio.CancelledError:
+            if self.lost is None:
+                raise  # a shutdown, not a lost lease
+            owner.uncancel()
+            raise LeaseLost(self.lost) from None
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+
+    async def _renew_until_lost(self, owner: asyncio.Task[Any]) -> None:
+        lease = self.path.settings.lease_seconds
+        interval = max(lease / 3, _MIN_RENEW_INTERVAL)
+        loop = asyncio.get_running_loop()
+        held_until = loop.time() + lease
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                renewed = await self.path._statement(
+                    lambda conn: self.path.ledger.renew(conn, self.identity, self.fence, lease), "lease renewal"
+                )
+            except Exception as exc:  # noqa: BLE001 - the database may be back before the lease runs out
+                logger.warning("lease renewal failed (%s) scope=%s operation_key=%s",
+                               type(exc).__name__, self.identity.scope, self.identity.key)
+                renewed = None
+            if renewed:
+                held_until = loop.time() + lease
+            if renewed is False or loop.time() >= held_until:
+                self.lost = "lease taken over" if renewed is False else "lease could not be renewed in time"
+            elif not await self.delivery.renew_lock():
+                self.lost = "the broker's peek-lock was lost"
+            if self.lost is not None:
+                owner.cancel()
+                return
+
+    def _raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
