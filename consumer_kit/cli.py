@@ -19,6 +19,7 @@ import psycopg
 import typer
 
 from consumer_kit.app import App, load_app
+from consumer_kit.cli_ledger import ledger_cli
 from consumer_kit.console import (
     Embedded,
     LibraryLogLevel,
@@ -202,6 +203,9 @@ def _load_demo() -> Any:
     except ImportError as exc:
         typer.echo(f"error: the demo needs the repository's examples/ directory ({exc})", err=True)
         raise typer.Exit(2) from None
+
+
+cli.add_typer(ledger_cli, name="ledger")
 
 
 def main() -> None:

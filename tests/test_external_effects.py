@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -338,3 +339,50 @@ def handler_key_for_harness(user_id: int) -> str:
     from consumer_kit.identity import downstream_key
 
     return downstream_key("default/email.welcome/v1", f"welcome-{user_id}", "send")
+
+
+# -- the operator's tools --------------------------------------------------------------------------
+
+
+def ledger_cli(env: ResilienceEnv, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "consumer_kit", "ledger", *args],
+        env={**env.worker_environment(), "COLUMNS": "200"}, capture_output=True, text=True, timeout=60,
+    )
+
+
+async def test_an_operator_lists_shows_and_resolves_a_parked_operation_and_its_redrive_is_a_duplicate(
+    nenv: ResilienceEnv, provider: FakeProvider
+) -> None:
+    """The operation is parked (the provider cannot be asked). ``ledger list`` finds it, ``ledger
+    show`` prints its evidence but no body, ``ledger resolve --completed`` settles it with who and
+    why, and the parked message, redriven, answers as a duplicate: still one e-mail."""
+    await control(provider, slow_sends=1, delay=3.0, lookups_down=True)
+    handler = WelcomeEmailHandler(ProviderClient(provider.url, timeout=0.5))
+    async with nenv.run(app_with(handler, nenv.queue), **LEASED):
+        await nenv.send(welcome(14), message_type="SendWelcome")
+        await nenv.outcomes_until(lambda seen: count(seen, Outcome.UNCERTAIN) == 1, timeout=30)
+        listed = await asyncio.to_thread(ledger_cli, nenv, "list", "--state", "needs_reconciliation", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert [(r["scope"], r["key"]) for r in json.loads(listed.stdout)] == [("default/email.welcome/v1", "welcome-14")]
+        shown = await asyncio.to_thread(ledger_cli, nenv, "show", "default/email.welcome/v1", "welcome-14", "--json")
+        detail = json.loads(shown.stdout)
+        assert detail["summary"]["state"] == "needs_reconciliation"
+        assert [e["name"] for e in detail["evidence"]] == ["send"]
+        assert detail["result_body"] is None and detail["attempts"]["failures"] == 1
+        refused = await asyncio.to_thread(ledger_cli, nenv, "resolve", "default/email.welcome/v1", "welcome-14", "--completed")
+        assert refused.returncode == 2 and "--note is required" in refused.stderr
+        resolved = await asyncio.to_thread(
+            ledger_cli, nenv, "resolve", "default/email.welcome/v1", "welcome-14", "--completed",
+            "--note", "msg-1 seen in the provider's dashboard", "--by", "ops@example",
+        )
+        assert resolved.returncode == 0, resolved.stderr
+        (parked,) = await nenv.dead_letters(1)
+        await nenv.send(parked.body, message_type="SendWelcome")  # the redrive
+        (redriven,) = await nenv.next_reports(1)
+    assert redriven.outcome is Outcome.DUPLICATE
+    assert len(provider.sent) == 1
+    assert await nenv.rows("SELECT state, resolved_by, resolution_note FROM operations") == [
+        ("completed", "ops@example", "msg-1 seen in the provider's dashboard")
+    ]
+
