@@ -335,7 +335,36 @@ async def test_dead_letter_reason_and_description_are_read_from_the_dead_letter_
     assert dead.message_id == message_id
     assert dead.dead_letter_reason == reason[:1024]
     assert dead.dead_letter_error_description == "line 1: expecting value"
-    assert consumer.counters["dead_lettered"] == 1 and sb.entity().messages == []
+    await eventually(lambda: consumer.counters["dead_lettered"] == 1, within=5, what="the settlement's end")
+    assert sb.entity().messages == []
+
+
+@pytest.mark.parametrize("on_subscription", [False, True], ids=["queue", "subscription"])
+async def test_a_dead_letter_keeps_its_reason_within_the_size_limit(sb: SBEnv, on_subscription: bool) -> None:
+    """The reason and description count toward the message's size (the test server refuses a
+    dead-letter over the limit): on a queue the description is cut to the room left; on a
+    subscription (no limit known up front) a refused dead-letter is made again with the reason."""
+    limit = 2048
+    body = b"x" * (largest_body_that_fits(limit) - 80)
+    if on_subscription:
+        topic = sb.queue + "-topic"
+        sb.server.create_topic(topic, max_message_size=limit)
+        entity = sb.server.create_subscription(topic, "audit", max_message_size=limit)
+        path, send_to = f"{topic}/Subscriptions/audit", topic
+    else:
+        entity = sb.create_queue(max_message_size=limit)
+        path, send_to = sb.queue, sb.queue
+    await sb.send(ServiceBusMessage(body, message_id="big"), entity=send_to)
+    received = Received(lambda d: d.dead_letter("invalid_json", "why: " + "w" * 1000))
+    consumer = sb.consumer()
+    await consumer.subscribe(path, received, prefetch=1)
+    delivery = await received.next()
+    await eventually(lambda: len(entity.dead_letters) == 1, within=5, what="the dead letter")
+    [dead] = entity.dead_letters
+    assert dead.dead_letter_reason == "invalid_json" and dead.size <= limit
+    assert (dead.dead_letter_error_description or "").startswith("why: ") or on_subscription
+    await eventually(lambda: consumer.counters["dead_lettered"] == 1, within=5, what="the settlement's end")
+    assert delivery.lost is False
 
 
 # -- locks --------------------------------------------------------------------------------------

@@ -228,6 +228,40 @@ async def test_dead_letter_keeps_reason_and_description_in_the_dead_letter_queue
 
 
 @bounded(20)
+async def test_a_dead_letter_over_the_size_limit_is_refused_and_the_message_stays_locked(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """The reason and description count toward the message's size: too long, and the request is
+    refused (the message stays locked, as Service Bus leaves it); shorter, it goes through."""
+    queue = server.create_queue("orders", max_message_size=1024)
+    await send(client, "orders", ServiceBusMessage(b"x" * 800, message_id="m1"))
+
+    async with open_receiver(client, "orders") as receiver:
+        message = await receive_one(receiver)
+        with pytest.raises(MessageSizeExceededError):
+            await receiver.dead_letter_message(message, reason="too_long", error_description="d" * 500)
+        assert (queue.locked_count, queue.dead_letters) == (1, [])
+        await receiver.dead_letter_message(message, reason="too_long", error_description="")
+
+    [dead] = queue.dead_letters
+    assert dead.dead_letter_reason == "too_long" and dead.size <= 1024
+
+
+@bounded(20)
+async def test_options_changed_in_place_apply_to_new_locks(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    queue = server.create_queue("orders", lock_duration=30)
+    queue.configure(lock_duration=LOCK)
+    await send(client, "orders", ServiceBusMessage("x"))
+    async with open_receiver(client, "orders", prefetch=0) as receiver:
+        message = await receive_one(receiver)
+        assert message.locked_until_utc is not None and message.enqueued_time_utc is not None
+        assert (message.locked_until_utc - datetime.datetime.now(datetime.UTC)).total_seconds() < LOCK + 0.5
+        await receiver.complete_message(message)
+
+
+@bounded(20)
 async def test_max_delivery_count_dead_letters_like_service_bus(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:

@@ -11,7 +11,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from adapters.servicebus.connection import close_quietly
 from adapters.servicebus.entities import sender_for
-from adapters.servicebus.limits import TooLarge, check_fits_alone
+from adapters.servicebus.limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
 
 
 class Copies:
@@ -59,6 +59,22 @@ class Copies:
             self._sender = None
             await close_quietly(sender, self._close_timeout, f"the copy sender of {self.queue}")
             raise
+
+    async def room_beside(self, message: ServiceBusMessage) -> int:
+        """Bytes left under the queue's message size limit beside ``message`` (0 when it is as large
+        as the limit or larger), measured on this queue's link (opened if needed).
+
+        Raises:
+            azure.servicebus.exceptions.ServiceBusError: the link could not be opened.
+        """
+        async with self._one_at_a_time:
+            sender = self._sender = self._sender or sender_for(self._client, self.queue)
+            try:
+                size = await encoded_size(sender, message)
+            except TooLarge:
+                return 0
+            limit = link_message_limit(sender)
+        return max(0, limit - size) if limit else 0
 
     async def close(self) -> None:
         sender, self._sender = self._sender, None

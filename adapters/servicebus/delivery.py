@@ -11,7 +11,10 @@ retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_mes
                take a copy in order, or at all): the lock is *held*, renewed, for ``delay``
                seconds, then ``abandon_message``
 dead_letter    ``dead_letter_message(reason=..., error_description=...)`` (cut to 1024 and 4096
-               characters): the message moves to ``<entity>/$DeadLetterQueue`` with them
+               characters): the message moves to ``<entity>/$DeadLetterQueue`` with them. They
+               count toward the message's size: on a queue the description is cut to the room
+               the size limit leaves; refused as too large anyway, it is dead-lettered again with
+               the reason alone
 release        a queue: an **uncounted copy** sent at once (``x-consumer-kit-deliveries`` =
                deliveries before this one, the suspect mark only if this delivery was a suspect),
                then ``complete_message``: graceful restarts and outages neither count toward the
@@ -49,16 +52,17 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus.exceptions import MessageSizeExceededError
 
 from adapters.servicebus.errors import LOCK_LOST, describe, is_refusal
 from adapters.servicebus.limits import TooLarge
 from adapters.servicebus.messages import (
-    DEAD_LETTER_DESCRIPTION_MAX_CHARS,
-    DEAD_LETTER_REASON_MAX_CHARS,
     REDELIVERED_PROPERTY,
+    as_sent,
     body_of,
     copy_of,
     delivery_count_of,
+    fit_dead_letter,
     headers_of,
     message_id_of,
     schedule_time,
@@ -212,16 +216,39 @@ class ServiceBusDelivery(Delivery):
             self._route.counters.add("held_retries")
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
+        """Dead-letter with ``reason`` and ``detail``. Both count toward the message's size: on a
+        queue the detail is cut to the room its size limit leaves; where that is not known (a
+        subscription) and Service Bus refuses the request as too large, it is made again without
+        the detail. The reason is always kept."""
+        reason, description = fit_dead_letter(reason, detail, await self._room_for_dead_letter())
         receiver = self._route.receiver
-        await self._sdk(
-            lambda message: receiver.dead_letter_message(
-                message,
-                reason=reason[:DEAD_LETTER_REASON_MAX_CHARS],
-                error_description=detail[:DEAD_LETTER_DESCRIPTION_MAX_CHARS],
+
+        def dead_letter(text: str) -> Callable[[ServiceBusReceivedMessage], Awaitable[None]]:
+            # No description at all rather than an empty one: the property itself takes room.
+            return lambda message: receiver.dead_letter_message(
+                message, reason=reason, error_description=text or None
             )
-        )
+
+        try:
+            await self._sdk(dead_letter(description))
+        except MessageSizeExceededError:
+            logger.warning(
+                "dead-letter of queue=%s message_id=%s too large with its description: sent with the "
+                "reason %s only", self.queue, self.message_id, reason[:100],
+            )
+            await self._sdk(dead_letter(""))
         self._route.counters.add("dead_lettered")
         self._mark_released()
+
+    async def _room_for_dead_letter(self) -> int | None:
+        """Bytes the queue's size limit leaves beside this message, ``None`` where not known."""
+        if self._route.copies is None:
+            return None
+        try:
+            return await self._route.copies.room_beside(as_sent(self._message, self.headers, self.body))
+        except Exception as exc:  # noqa: BLE001 - unknown: dead-letter in full, fall back if refused
+            logger.info("could not measure queue=%s message_id=%s (%s)", self.queue, self.message_id, describe(exc))
+            return None
 
     async def _release(self) -> None:
         if self._route.copies is not None:

@@ -88,3 +88,17 @@ async def check_fits_alone(sender: ServiceBusSender, message: ServiceBusMessage,
         f"{sender.entity_name!r}",
         limit=limit,
     )
+
+
+async def encoded_size(sender: ServiceBusSender, message: ServiceBusMessage) -> int:
+    """Bytes ``message`` takes on the wire, as the SDK measures it (within a batch: a few bytes
+    more than alone, so the estimate errs on the large side).
+
+    Raises:
+        TooLarge: larger than any batch the link takes (its size is then not measured).
+    """
+    batch = await empty_batch(sender)
+    before = batch.size_in_bytes
+    if not add_or_refuse(batch, message):
+        raise TooLarge(f"larger than the {batch.max_size_in_bytes}-byte limit", limit=batch.max_size_in_bytes)
+    return batch.size_in_bytes - before

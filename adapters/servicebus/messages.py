@@ -48,6 +48,24 @@ DEAD_LETTER_DESCRIPTION_MAX_CHARS = 4096
 """Service Bus keeps the dead-letter reason and description as message properties, which count
 toward the message's size: both are cut to these lengths (characters)."""
 
+DEAD_LETTER_PROPERTY_BYTES = 64
+"""Bytes the two dead-letter property names and their encoding add, besides the two texts."""
+
+
+def fit_dead_letter(reason: str, description: str, room: int | None) -> tuple[str, str]:
+    """``reason`` and ``description`` cut to their maximum lengths and, when ``room`` (bytes left
+    under the entity's message size limit) is known, the description cut further to what fits
+    beside the reason. The reason, the machine-readable part, is never cut for room."""
+    reason = reason[:DEAD_LETTER_REASON_MAX_CHARS]
+    description = description[:DEAD_LETTER_DESCRIPTION_MAX_CHARS]
+    if room is None:
+        return reason, description
+    left = room - DEAD_LETTER_PROPERTY_BYTES - len(reason.encode("utf-8"))
+    encoded = description.encode("utf-8")
+    if len(encoded) <= left:
+        return reason, description
+    return reason, encoded[: max(0, left)].decode("utf-8", errors="ignore")
+
 
 def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
     """The application properties as ``{str: value}``; ``bytes`` values decoded as UTF-8 text."""
@@ -93,10 +111,22 @@ def copy_of(
         properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
     if suspect:
         properties[REDELIVERED_PROPERTY] = 1
+    return _resent(message, body, properties, message_id=str(uuid.uuid4()))
+
+
+def as_sent(message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes) -> ServiceBusMessage:
+    """``message`` rebuilt as its producer sent it (same id, properties and body): what measuring
+    its size needs."""
+    return _resent(message, body, dict(headers.items()), message_id=message.message_id)
+
+
+def _resent(
+    message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None
+) -> ServiceBusMessage:
     return ServiceBusMessage(
         body,
         application_properties=properties,
-        message_id=str(uuid.uuid4()),
+        message_id=message_id,
         content_type=message.content_type,
         correlation_id=message.correlation_id,
         subject=message.subject,

@@ -21,13 +21,16 @@ from tests.contract.driver import Driver
 from tests.contract.memory_driver import MemoryDriver
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
 from tests.contract.rabbitmq_driver import RabbitMQDriver
+from tests.contract.servicebus_driver import ServiceBusDriver
 from tests.contract.sqs_driver import SQSDriver
 from tests.harness import fetch_all, throwaway_schema
+from tests.servicebus_server.fixtures import sb_server_fixture  # noqa: F401 - fixture
 
 DRIVERS: dict[str, Callable[[pytest.FixtureRequest, str], Driver]] = {
     "memory": lambda request, queue: MemoryDriver(queue),
     "rabbitmq": lambda request, queue: RabbitMQDriver(queue, request.getfixturevalue("rabbitmq_url")),
     "sqs": lambda request, queue: SQSDriver(queue, request.getfixturevalue("sqs_endpoint")),
+    "servicebus": lambda request, queue: ServiceBusDriver(queue, request.getfixturevalue("sb_server")),
 }
 
 

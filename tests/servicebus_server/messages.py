@@ -94,6 +94,7 @@ class StoredMessage:
             state=self.state,
             locked=self.is_locked(now),
             body=self.content.body,
+            size=self.content.size,
             application_properties=properties,
             dead_letter_reason=wire.as_text(properties.get(wire.DEAD_LETTER_REASON)),
             dead_letter_error_description=wire.as_text(properties.get(wire.DEAD_LETTER_ERROR_DESCRIPTION)),
@@ -111,6 +112,7 @@ class MessageSnapshot:
     state: MessageState
     locked: bool
     body: bytes
+    size: int  # bytes of the message as stored (dead-letter properties included)
     application_properties: dict[Any, Any]
     dead_letter_reason: str | None
     dead_letter_error_description: str | None

@@ -28,6 +28,7 @@ from .errors import (
     InvalidArgument,
     MessageLockLost,
     MessageNotFound,
+    MessageTooLarge,
     NotAllowed,
     SessionCannotBeLocked,
     SessionLockLost,
@@ -146,8 +147,11 @@ class Queue(SendTarget):
         already settled or expired.
         """
         stored = self._held(lock_token, now)
-        if outcome == Settlement.DEAD_LETTER and self.dead_letter_queue is None:
-            raise NotAllowed(f"cannot dead-letter a message of {self.path}")
+        if outcome == Settlement.DEAD_LETTER:
+            if self.dead_letter_queue is None:
+                raise NotAllowed(f"cannot dead-letter a message of {self.path}")
+            self._dead_letter(stored, reason, description, check_size=True)  # may refuse: still locked
+            return
         self._forget_lock(stored)
         if outcome == Settlement.COMPLETE:
             del self._messages[stored.sequence_number]
@@ -157,8 +161,6 @@ class Queue(SendTarget):
             self._give_back(stored, counted=False)
         elif outcome == Settlement.DEFER:
             stored.state = MessageState.DEFERRED
-        elif outcome == Settlement.DEAD_LETTER:
-            self._dead_letter(stored, reason, description)
         else:
             raise InvalidArgument(f"unknown settlement {outcome!r}")
 
@@ -205,15 +207,26 @@ class Queue(SendTarget):
         if stored.state is MessageState.ACTIVE:
             bisect.insort(self._available, stored.sequence_number)
 
-    def _dead_letter(self, stored: StoredMessage, reason: str | None, description: str | None) -> None:
+    def _dead_letter(
+        self, stored: StoredMessage, reason: str | None, description: str | None, *, check_size: bool = False
+    ) -> None:
+        """Move ``stored`` to the dead-letter queue with ``reason`` and ``description`` as properties.
+        With ``check_size`` (a receiver's dead-letter request), a message that the two properties
+        would take over ``max_message_size`` is refused (MessageTooLarge) and stays locked: Service
+        Bus counts them toward the message's size, and warns that long descriptions can exceed it."""
+        extra = {wire.DEAD_LETTER_REASON: reason, wire.DEAD_LETTER_ERROR_DESCRIPTION: description}
+        content = stored.content.with_application_properties({k: v for k, v in extra.items() if v is not None})
+        if check_size and content.size > self.options.max_message_size:
+            raise MessageTooLarge(
+                f"dead-lettered message of {content.size} bytes would exceed {self.options.max_message_size} bytes"
+            )
+        if check_size:
+            self._forget_lock(stored)
         self._messages.pop(stored.sequence_number, None)
         if stored.sequence_number in self._available:
             self._available.remove(stored.sequence_number)
         assert self.dead_letter_queue is not None, "dead-letter queues never dead-letter"
-        extra = {wire.DEAD_LETTER_REASON: reason, wire.DEAD_LETTER_ERROR_DESCRIPTION: description}
-        stored.content = stored.content.with_application_properties(
-            {k: v for k, v in extra.items() if v is not None}
-        )
+        stored.content = content
         stored.state = MessageState.ACTIVE
         self.dead_letter_queue.enqueue_copy(stored)
 

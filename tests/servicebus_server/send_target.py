@@ -9,6 +9,7 @@ refused; a message with a future ``x-opt-scheduled-enqueue-time`` (or sent throu
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 
@@ -46,6 +47,12 @@ class SendTarget:
         self._scheduled: dict[int, StoredMessage] = {}
 
     # -- producer side ------------------------------------------------------------------------
+
+    def configure(self, **changes: object) -> None:
+        """Change options in place (``EntityOptions`` fields): new locks and sends follow them, as
+        after an update of the entity in the portal."""
+        with self._lock:
+            self.options = dataclasses.replace(self.options, **changes)  # type: ignore[arg-type]
 
     def check(self, content: EncodedMessage) -> None:
         """Raise the BrokerError a send of ``content`` would meet (size, sessions), storing nothing."""
