@@ -1,9 +1,15 @@
 """Issue 12 end to end: the invoices example on Service Bus (the local test server, through the real
 azure-servicebus SDK) with ``consumer_kit.worker.Worker``, the outbox relay and the real PostgreSQL.
 
-Workers run in this process. Crashes are crash points that raise (``consumer_kit.crashpoints``):
-the delivery is left unsettled, as a dead process leaves it, and Service Bus redelivers it when its
-lock lapses. Locks are short here (1 s; Service Bus's minimum is 5 s) to keep the run quick.
+The broker contract suite runs the rest of the issue's cases on Service Bus through the same worker
+(``tests/contract``, driver ``servicebus``): duplicates, payload conflict, a crash before the ack
+(a lapsed lock: a suspect, answered as a duplicate), a retry waiting its delay (a scheduled copy),
+dead-letters with reason and description read from the dead-letter sub-queue, invalid input, lock
+renewal past the lock, a settlement after a lost lock, oversized events and dead-letters, and
+uncounted shutdown give-backs. This module adds what is Service Bus's own: the example configured
+by environment alone, the dead-letter sub-queue read through the SDK, a lock Service Bus drops
+under a running handler, sessions, prefetched deliveries given back at shutdown, and the relay's
+batches.
 """
 
 from __future__ import annotations
@@ -12,17 +18,16 @@ import asyncio
 import json
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
 from psycopg import sql
 
 from adapters.servicebus import ServiceBusConsumer, ServiceBusPublisher
-from consumer_kit import App, Context, DeliveryReport, Handler, Outcome, RetryableError, Settings, crashpoints
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit import App, Context, DeliveryReport, Handler, Outcome, Settings
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from outbox_relay import Relay
@@ -40,7 +45,6 @@ from tests.test_relay_support import Event, connect, write_events
 
 pytestmark = pytest.mark.postgres
 
-LOCK = 1.0  # seconds
 
 
 class World:
@@ -114,12 +118,6 @@ async def world(sb: SBEnv, database_url: str) -> AsyncIterator[World]:
         yield World(sb, database_url, schema)
 
 
-@pytest.fixture
-def no_crash_points() -> Iterator[None]:
-    yield
-    crashpoints.disarm_all()
-
-
 # -- the example, configured by environment only ----------------------------------------------------
 
 
@@ -189,61 +187,6 @@ async def test_duplicates_conflict_and_invalid_input_on_service_bus(world: World
 # -- crashes, retries, dead letters -------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("no_crash_points")
-async def test_a_crash_before_the_ack_comes_back_as_a_suspect_and_a_duplicate(world: World) -> None:
-    world.sb.create_queue(lock_duration=LOCK)
-    crashpoints.arm(CrashPoint.AFTER_COMMIT_BEFORE_ACK, action="raise", times=1)
-    async with world.worker():
-        await world.send(command())
-        (redelivery,) = await world.next_reports(1)  # the crashed delivery reports nothing to observers
-    assert (redelivery.outcome, redelivery.redelivered, redelivery.delivery_count) == (Outcome.DUPLICATE, True, 2)
-    await world.assert_one_effect()
-    assert world.sb.entity().messages == []
-
-
-class FlakyHandler(CreateInvoiceHandler):
-    """Fails retryably ``failures`` times per key, then creates the invoice."""
-
-    operation_type = "invoice.flaky"
-    failures = 2
-    calls: ClassVar[dict[str, int]] = {}
-
-    async def handle(self, message: CreateInvoice, ctx: Context) -> Any:
-        count = self.calls[ctx.operation.key] = self.calls.get(ctx.operation.key, 0) + 1
-        result = await super().handle(message, ctx)  # the writes happen, then roll back
-        if count <= self.failures:
-            raise RetryableError("downstream busy")
-        return result
-
-
-async def test_retries_with_delay_are_scheduled_copies_and_the_last_one_dead_letters(world: World) -> None:
-    world.sb.create_queue(lock_duration=30)
-
-    class Broken(FlakyHandler):
-        failures = 10**6
-
-    FlakyHandler.calls = {}
-    async with world.worker(FlakyHandler()):
-        await world.send(command(order_id=1))
-        recovered = await world.next_reports(3)
-    consumer = world.consumers[-1]
-    assert [(r.outcome, r.delivery_count, r.redelivered) for r in recovered] == [
-        (Outcome.RETRIED, 1, False), (Outcome.RETRIED, 2, False), (Outcome.EXECUTED, 3, False),
-    ]
-    assert consumer.counters["retry_copies"] == 2
-    async with world.worker(Broken()):
-        failing_id = await world.send(command(order_id=2))
-        failed = await world.next_reports(3)
-    assert [r.outcome for r in failed] == [Outcome.RETRIED, Outcome.RETRIED, Outcome.DEAD_LETTERED]
-    assert {r.message_id for r in failed} == {failing_id}  # copies report the original message id
-    [dead] = await world.sb.dead_letters(1)
-    assert dead.dead_letter_reason == "max_deliveries_exceeded:RetryableError"
-    assert "attempt 3 of 3" in (dead.dead_letter_error_description or "")
-
-
-# -- locks ---------------------------------------------------------------------------------------
-
-
 class SlowHandler(CreateInvoiceHandler):
     """Creates the invoice after waiting ``seconds`` (or until ``proceed`` is set, when given)."""
 
@@ -257,19 +200,6 @@ class SlowHandler(CreateInvoiceHandler):
             await self.proceed.wait()
         await asyncio.sleep(self.seconds)
         return await super().handle(message, ctx)
-
-
-async def test_lock_renewal_keeps_a_handler_three_lock_lengths_long_owning_its_delivery(world: World) -> None:
-    queue = world.sb.create_queue(lock_duration=LOCK)
-    async with world.worker(SlowHandler(seconds=3 * LOCK + 0.3)):
-        await world.send(command())
-        (report,) = await world.next_reports(1)
-        with pytest.raises(TimeoutError):  # no redelivery follows (bounded absence check)
-            await world.next_reports(1, timeout=2 * LOCK)
-    assert (report.outcome, report.delivery_count, report.settlement_lost) == (Outcome.EXECUTED, 1, False)
-    assert world.consumers[-1].counters["renewals"] >= 3
-    await world.assert_one_effect()
-    assert queue.messages == []
 
 
 async def test_a_lock_lost_before_the_ack_is_never_acked_and_the_redelivery_is_a_duplicate(world: World) -> None:
