@@ -46,7 +46,6 @@ from tests.test_relay_support import Event, connect, write_events
 pytestmark = pytest.mark.postgres
 
 
-
 class World:
     """One test's queue on the Service Bus test server, its schema, settings, workers and reports."""
 
