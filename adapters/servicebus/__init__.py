@@ -36,7 +36,8 @@ ack             ``complete_message``
 retry(0)        ``abandon_message``
 retry(delay)    queue: a copy scheduled ``delay`` seconds ahead, then ``complete_message``; session
                 entity or subscription: the lock held (renewed) for ``delay``, then abandoned
-dead_letter     ``dead_letter_message(reason, error_description)`` into ``<entity>/$DeadLetterQueue``
+dead_letter     ``dead_letter_message(reason, error_description)`` into ``<entity>/$DeadLetterQueue``,
+                the description cut to the room the entity's size limit leaves
 release         queue: an uncounted copy, then ``complete_message`` (restarts and outages leave no
                 count and no suspect behind); session entity or subscription: ``abandon_message``,
                 remembered as our own give-back
