@@ -21,7 +21,9 @@ from adapters.servicebus import (
     Entity,
     GiveBacks,
     Namespace,
+    ServiceBusConsumer,
     ServiceBusDelivery,
+    ServiceBusPublisher,
     ServiceBusSettings,
 )
 from adapters.servicebus.connection import Connection
@@ -93,6 +95,14 @@ def test_the_broker_url_schemes_find_this_adapter() -> None:
 
     assert adapter_for("servicebus://") is adapters.servicebus
     assert adapter_for("sb://ns.servicebus.windows.net") is adapters.servicebus
+
+
+async def test_declare_says_consumer_kit_does_not_create_service_bus_entities() -> None:
+    namespace = Namespace.from_connection_string(CONNECTION_STRING)
+    with pytest.raises(ConfigurationError, match=r"create queue 'invoices\.commands'"):
+        await ServiceBusConsumer(namespace).declare("invoices.commands")
+    with pytest.raises(ConfigurationError, match=r"'billing\.events'.*az servicebus"):
+        await ServiceBusPublisher(namespace).declare("billing.events")
 
 
 def test_entity_names() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from adapters.servicebus.connection import Connection
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.entities import Entity
+from adapters.servicebus.entities import Entity, not_created_here
 from adapters.servicebus.errors import describe
 from adapters.servicebus.give_backs import DEFAULT_CAPACITY, GiveBacks
 from adapters.servicebus.pump import EntityPump, PumpContext
@@ -124,6 +124,14 @@ class ServiceBusConsumer(Consumer):
             "consuming queue=%s prefetch=%s%s from %s", queue, prefetch,
             " (sessions)" if entity.requires_session else "", self._namespace.description,
         )
+
+    async def declare(self, queue: str) -> list[str]:
+        """``consumer-kit declare``: not on Service Bus.
+
+        Raises:
+            ConfigurationError: always, naming what to create and how.
+        """
+        raise not_created_here(f"queue {queue!r} (or the topic subscription it names)")
 
     async def pause(self) -> None:
         """No new deliveries until :meth:`resume`; returns once no receive is in progress (each

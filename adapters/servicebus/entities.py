@@ -18,6 +18,8 @@ from typing import Any
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
+from consumer_kit.errors import ConfigurationError
+
 SUBSCRIPTIONS = "subscriptions"
 DEAD_LETTER_SUFFIX = "/$DeadLetterQueue"
 
@@ -77,6 +79,16 @@ class Entity:
             assert self.subscription is not None
             return client.get_subscription_receiver(self.topic, self.subscription, **options)
         return client.get_queue_receiver(self.path, **options)
+
+
+def not_created_here(what: str) -> ConfigurationError:
+    """The answer to ``consumer-kit declare``: consumer-kit does not create Service Bus entities
+    (that takes the management plane: Bicep, Terraform, ``az servicebus``, the emulator's config)."""
+    return ConfigurationError(
+        f"consumer-kit does not create Service Bus entities: create {what} yourself (Bicep, Terraform, "
+        "`az servicebus queue|topic create`, or the emulator's Config.json); its dead-letter queue "
+        "comes with it"
+    )
 
 
 def sender_for(client: ServiceBusClient, name: str) -> ServiceBusSender:

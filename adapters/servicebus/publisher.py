@@ -13,6 +13,7 @@ import logging
 
 from adapters.servicebus.batching import EntityBatcher, Pending
 from adapters.servicebus.connection import Connection
+from adapters.servicebus.entities import not_created_here
 from adapters.servicebus.messages import outgoing_message
 from adapters.servicebus.settings import Namespace
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
@@ -79,6 +80,14 @@ class ServiceBusPublisher(Publisher):
             batcher.withdraw(pending)
             raise
         logger.debug("published message_id=%s to %s", message.message_id, entity)
+
+    async def declare(self, destination: str) -> None:
+        """``consumer-kit declare``: not on Service Bus.
+
+        Raises:
+            ConfigurationError: always, naming what to create and how.
+        """
+        raise not_created_here(f"the queue or topic {destination!r}")
 
     async def close(self) -> None:
         """Let batches in flight finish (bounded), close every sender and the client (idempotent)."""
