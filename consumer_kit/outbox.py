@@ -16,6 +16,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from consumer_kit.identity import OperationIdentity
+from consumer_kit.telemetry.tracing import inject_into
 
 NOTIFY_CHANNEL_SUFFIX = "_outbox"
 
@@ -166,7 +167,10 @@ def pending_event(
     partition_key: str | None,
     headers: Mapping[str, str],
 ) -> PendingEvent:
-    """A :class:`PendingEvent` with a new event ID.
+    """A :class:`PendingEvent` with a new event ID. The stored headers are ``headers`` plus the
+    current W3C trace context (``traceparent``, ``tracestate``; none without an active span, and
+    never over a ``traceparent`` the caller set), so the relay's ``publish`` span continues the
+    trace of the transaction that wrote the event (:mod:`consumer_kit.telemetry.tracing`).
 
     Raises:
         ValueError: empty destination, or headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded.
@@ -174,7 +178,9 @@ def pending_event(
     """
     if not destination:
         raise ValueError("destination must be a non-empty outbox destination name")
-    encoded_headers = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+    stored = dict(headers)
+    inject_into(stored)  # the current trace context: the relay's publish span continues it
+    encoded_headers = json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
     size = len(encoded_headers.encode("utf-8"))
     if size > MAX_EVENT_HEADERS_BYTES:
         raise ValueError(

@@ -1,0 +1,82 @@
+"""Metrics, spans and logs. Everything carries ids, never payloads.
+
+The library uses the OpenTelemetry **API** only (a no-op until the application installs an SDK);
+the command-line programs install the SDK when asked (:mod:`consumer_kit.telemetry.setup`). One
+module per job:
+
+===============  ===============================================================================
+module           job
+===============  ===============================================================================
+``metrics``      the metric catalogue (names, units, attributes) and the calls that record them
+``tracing``      the delivery's CONSUMER span and its steps, the relay's PRODUCER span, trace
+                 context through the outbox
+``logs``         the delivery log line, the JSON formatter, what may be logged (allow-lists)
+``describe``     error descriptions and tracebacks without exception texts
+``gauges``       observable gauges read from the database on an interval, and the paused gauge
+``setup``        SDK set-up for the CLIs: Prometheus endpoint, OTLP export
+===============  ===============================================================================
+
+In-process outcome counters (:class:`Counters`) feed ``consumer-kit demo``, the testing kit and
+health output.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.telemetry import metrics
+from consumer_kit.telemetry.describe import describe_error, describe_traceback
+from consumer_kit.telemetry.logs import log_delivery
+from consumer_kit.telemetry.tracing import (
+    DeliveryTrace,
+    delivery_span,
+    messaging_system,
+    note_events,
+    note_evidence,
+    step,
+    tracer,
+)
+
+__all__ = [
+    "Counters",
+    "DeliveryTrace",
+    "delivery_span",
+    "describe_error",
+    "describe_traceback",
+    "messaging_system",
+    "note_events",
+    "note_evidence",
+    "record",
+    "step",
+    "tracer",
+]
+
+
+class Counters:
+    """In-process outcome counters: ``counters["duplicate"]`` etc."""
+
+    def __init__(self) -> None:
+        self.by_outcome: collections.Counter[str] = collections.Counter()
+
+    def __getitem__(self, outcome: str) -> int:
+        return self.by_outcome[outcome]
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.by_outcome)
+
+
+def record(
+    report: DeliveryReport, counters: Counters, operation_type: str | None,
+    notes: DeliveryTrace | None = None,
+) -> None:
+    """Count, measure and log one delivery report (``notes``: its span's notes, for the log
+    line's correlation id, event ids and evidence)."""
+    outcome = report.outcome.value
+    counters.by_outcome[outcome] += 1
+    metrics.record_delivery(
+        queue=report.queue, operation_type=operation_type or "", outcome=outcome,
+        duration=report.duration_seconds, reason=report.reason,
+        dead_lettered=report.settlement is not None and report.settlement.value == "dead_letter",
+    )
+    log_delivery(report, notes)

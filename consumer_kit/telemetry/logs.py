@@ -1,0 +1,148 @@
+"""Structured logs: one line per settled delivery, a JSON formatter, and what may be logged.
+
+**What a log line may hold.** Ids (operation key, scope, message id, event ids, correlation id,
+downstream request ids), outcomes, reasons, counts and times; header values only of
+:data:`LOGGED_HEADERS`; evidence values only of facts whose name ends in ``_id``
+(:data:`EVIDENCE_ID_SUFFIX`). Never a payload, a result body or another header's value; exception
+texts appear only as :func:`~consumer_kit.telemetry.describe.describe_error` descriptions and
+frames-only tracebacks (an exception's message may quote the payload).
+
+**The delivery line** (logger ``consumer_kit.runtime``; DEBUG for ``executed`` and ``duplicate``,
+WARNING for outcomes that need a look, INFO for the rest): as text,
+``delivery outcome=... settlement=... queue=... message_id=... ...``; as JSON
+(``--log-format json``), one object with the fields of :data:`DELIVERY_FIELDS`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from consumer_kit.telemetry.describe import describe_traceback
+
+if TYPE_CHECKING:
+    from consumer_kit.outcomes import DeliveryReport
+    from consumer_kit.telemetry.tracing import DeliveryTrace
+
+LOGGED_HEADERS = frozenset({
+    "message-type", "correlation-id", "operation-id", "tenant-id", "event-id", "operation-scope",
+    "operation-key", "publish-attempt", "relay-id", "traceparent",
+})
+"""Headers whose values may appear in logs: ids and routing facts, never business data."""
+
+EVIDENCE_ID_SUFFIX = "_id"
+"""Evidence facts logged with their value: names ending in this (``provider_message_id``,
+``request_id``); other facts are named only by their evidence record's name."""
+
+FIELDS_ATTRIBUTE = "consumer_kit_fields"
+"""The ``LogRecord`` attribute (``extra={FIELDS_ATTRIBUTE: {...}}``) the JSON formatter merges."""
+
+DELIVERY_FIELDS = (
+    "event", "outcome", "settlement", "reason", "queue", "message_id", "delivery_count",
+    "redelivered", "operation_type", "scope", "operation_key", "correlation_id", "event_ids",
+    "evidence", "duration_ms", "settlement_lost",
+)
+"""The fields of the JSON delivery line (``event`` is ``"delivery"``)."""
+
+_QUIET = {"executed", "duplicate"}
+_LOUD = {"payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed", "lease_recovered",
+         "crashed_worker", "lease_lost", "key_expired"}
+
+logger = logging.getLogger("consumer_kit.runtime")
+
+
+def allowed_headers(headers: Mapping[str, Any]) -> dict[str, str]:
+    """The headers of :data:`LOGGED_HEADERS` present in ``headers`` (values as text)."""
+    found: dict[str, str] = {}
+    for name, value in headers.items():
+        if isinstance(name, str) and name.lower() in LOGGED_HEADERS:
+            found[name.lower()] = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return found
+
+
+def evidence_ids(facts: Mapping[str, Any]) -> dict[str, str]:
+    """The id facts of an evidence record (names ending in :data:`EVIDENCE_ID_SUFFIX`)."""
+    return {k: str(v) for k, v in facts.items() if k.endswith(EVIDENCE_ID_SUFFIX) and v is not None}
+
+
+def level_of(outcome: str) -> int:
+    """The delivery line's level for ``outcome``."""
+    return logging.DEBUG if outcome in _QUIET else logging.WARNING if outcome in _LOUD else logging.INFO
+
+
+def log_delivery(report: DeliveryReport, notes: DeliveryTrace | None) -> None:
+    """Write the delivery line for ``report`` (nothing is built when its level is off)."""
+    outcome = report.outcome.value
+    level = level_of(outcome)
+    if not logger.isEnabledFor(level):
+        return
+    event_ids = notes.event_ids if notes is not None else []
+    evidence = notes.evidence if notes is not None else []
+    correlation_id = notes.correlation_id if notes is not None else None
+    operation_type = notes.operation_type if notes is not None else ""
+    fields = {
+        "event": "delivery",
+        "outcome": outcome,
+        "settlement": report.settlement.value if report.settlement else None,
+        "reason": report.reason,
+        "queue": report.queue,
+        "message_id": report.message_id,
+        "delivery_count": report.delivery_count,
+        "redelivered": report.redelivered,
+        "operation_type": operation_type or None,
+        "scope": report.scope,
+        "operation_key": report.operation_key,
+        "correlation_id": correlation_id,
+        "event_ids": event_ids,
+        "evidence": [{"name": name, **ids} for name, ids in evidence],
+        "duration_ms": round(report.duration_seconds * 1000, 1),
+        "settlement_lost": report.settlement_lost,
+    }
+    logger.log(
+        level,
+        "delivery outcome=%s settlement=%s queue=%s message_id=%s delivery_count=%s scope=%s "
+        "operation_key=%s correlation_id=%s event_ids=%s evidence=%s reason=%s duration_ms=%.1f",
+        outcome, fields["settlement"], report.queue, report.message_id, report.delivery_count,
+        report.scope, report.operation_key, correlation_id, ",".join(event_ids) or None,
+        ",".join(_evidence_text(name, ids) for name, ids in evidence) or None, report.reason,
+        report.duration_seconds * 1000,
+        extra={FIELDS_ATTRIBUTE: fields},
+    )
+
+
+def _evidence_text(name: str, ids: Mapping[str, str]) -> str:
+    return name + "".join(f"[{k}={v}]" for k, v in ids.items())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``pid``,
+    ``message`` (the rendered ``%s`` message), the record's structured fields
+    (``extra={FIELDS_ATTRIBUTE: {...}}``) and, for a record with an exception, ``exception``: a
+    frames-only traceback (:func:`~consumer_kit.telemetry.describe.describe_traceback`), never
+    the exception's text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, FIELDS_ATTRIBUTE, None)
+        if isinstance(fields, Mapping):
+            entry.update(fields)
+        if record.exc_info and record.exc_info[1] is not None:
+            entry["exception"] = describe_traceback(record.exc_info[1])
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class SafeTextFormatter(logging.Formatter):
+    """The text format, with exceptions as frames-only tracebacks (no exception text)."""
+
+    def formatException(self, ei: Any) -> str:
+        exc = ei[1] if isinstance(ei, tuple) else None
+        return describe_traceback(exc) if exc is not None else ""

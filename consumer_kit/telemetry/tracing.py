@@ -1,0 +1,285 @@
+"""Spans: one CONSUMER span per delivery, child spans for its steps, the relay's PRODUCER span, and
+the trace context carried through the outbox.
+
+Uses the OpenTelemetry **API** only: without an SDK every span is a non-recording no-op (no
+attributes are built then: each setter checks ``is_recording()`` first).
+
+One trace from the command to the event's consumer:
+
+1. the delivery's span continues the producer's context, read from the message headers (W3C
+   ``traceparent``/``tracestate``, case-insensitive, ``bytes`` values decoded);
+2. ``ctx.publish`` and ``OutboxWriter.add`` store the current context in the event's stored
+   headers (:func:`inject_into`, called by :func:`consumer_kit.outbox.pending_event`): no column of
+   its own, so rows written before keep working and the relay needs no migration;
+3. the relay's ``publish {destination}`` PRODUCER span continues the stored context
+   (:func:`producer_span`) and injects its own into the published message's headers, which the
+   event's consumer reads in step 1.
+
+Span names and attributes (OpenTelemetry messaging semantic conventions where one exists):
+
+* ``process {queue}`` (CONSUMER): ``messaging.system``, ``messaging.destination.name``,
+  ``messaging.message.id``, ``messaging.operation.type`` = ``process``,
+  ``messaging.operation.name`` = ``process``, ``messaging.message.conversation_id`` (the correlation
+  id), ``consumer_kit.delivery_count`` (the conventions define a delivery count per system only),
+  ``consumer_kit.redelivered``, ``consumer_kit.operation.type``, ``consumer_kit.scope``,
+  ``consumer_kit.operation.key``, ``consumer_kit.correlation_id``, ``consumer_kit.outcome``,
+  ``consumer_kit.settlement``, ``consumer_kit.reason``, ``consumer_kit.event_count``; status ERROR
+  for outcomes that need a look (dead-lettered, uncertain, ...), with the reason code.
+* children (INTERNAL): ``consumer_kit.claim``, ``consumer_kit.handle`` / ``consumer_kit.reconcile``,
+  ``consumer_kit.commit`` (on the leased path: the completion transaction); status ERROR with a
+  one-line description (:func:`~consumer_kit.telemetry.describe.describe_error`) when they raise.
+* ``publish {destination}`` (PRODUCER, relay): ``messaging.system``, ``messaging.destination.name``,
+  ``messaging.message.id`` (the event id), ``messaging.operation.type`` = ``send``,
+  ``messaging.operation.name`` = ``publish``, ``consumer_kit.operation.key``,
+  ``consumer_kit.correlation_id``, ``outbox.attempt``.
+
+Exceptions are never recorded as span events: their text may quote business values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from consumer_kit.telemetry import metrics
+from consumer_kit.telemetry.describe import describe_error
+
+if TYPE_CHECKING:
+    from consumer_kit.broker import Delivery
+    from consumer_kit.decision import Decision
+    from consumer_kit.decoding import Decoded
+    from consumer_kit.envelope import Envelope
+    from consumer_kit.outbox import PendingEvent
+
+tracer = trace.get_tracer("consumer_kit")
+
+MESSAGING_SYSTEMS = {
+    "amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "aws_sqs", "servicebus": "servicebus",
+    "sb": "servicebus", "memory": "memory",
+}
+"""Broker URL scheme -> ``messaging.system`` (the conventions' names; ``memory`` is ours)."""
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The W3C trace-context headers stored with an outbox row and sent with its event."""
+
+# Outcomes whose span gets status ERROR: someone should look at them.
+_ERROR_OUTCOMES = frozenset({
+    "payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed_worker", "lease_lost",
+    "key_expired", "crashed",
+})
+
+
+def messaging_system(broker_url: str) -> str:
+    """``messaging.system`` for a broker URL (``amqp://...`` -> ``rabbitmq``); the scheme itself
+    for a scheme this table does not know."""
+    scheme = urlparse(broker_url).scheme
+    return MESSAGING_SYSTEMS.get(scheme, scheme or "unknown")
+
+
+class _HeaderGetter(Getter[Mapping[str, Any]]):
+    """Reads trace headers from broker headers: names case-insensitive, ``bytes`` decoded."""
+
+    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            lowered = key.lower()
+            value = next((v for k, v in carrier.items() if isinstance(k, str) and k.lower() == lowered), None)
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        return [str(value)]
+
+    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
+        return [str(k) for k in carrier]
+
+
+_GETTER = _HeaderGetter()
+
+
+def extract(headers: Mapping[str, Any]) -> otel_context.Context | None:
+    """The producer's context from a delivery's headers, or ``None`` when it sent none."""
+    if not any(name in headers for name in TRACE_HEADERS) and not any(
+        isinstance(k, str) and k.lower() in TRACE_HEADERS for k in headers
+    ):
+        return None
+    return propagate.extract(headers, getter=_GETTER)
+
+
+def inject_into(headers: MutableMapping[str, str]) -> None:
+    """Store the current trace context in ``headers`` (``traceparent``, ``tracestate`` and any
+    other field of the configured propagator), unless the caller set ``traceparent`` itself.
+    Nothing is added without an active span context (no SDK and no incoming trace)."""
+    if "traceparent" not in headers:
+        propagate.inject(headers)
+
+
+_current: contextvars.ContextVar[DeliveryTrace | None] = contextvars.ContextVar(
+    "consumer_kit_delivery", default=None
+)
+
+
+class DeliveryTrace:
+    """One delivery's span and what its log line needs beyond the report: the operation type,
+    the correlation id, the event ids it published and the evidence its remote calls recorded.
+
+    Attributes:
+        span: the ``process {queue}`` span (non-recording without an SDK).
+        operation_type: the handler's ``operation_type`` once decoded, else ``""``.
+        correlation_id: the delivery's correlation id, if any.
+        event_ids: event ids written to the outbox by this delivery's completion.
+        evidence: ``(name, {fact: value})`` of each evidence record (id facts only, see
+            :data:`~consumer_kit.telemetry.logs.EVIDENCE_ID_SUFFIX`).
+    """
+
+    __slots__ = ("correlation_id", "event_ids", "evidence", "operation_type", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self.operation_type = ""
+        self.correlation_id: str | None = None
+        self.event_ids: list[str] = []
+        self.evidence: list[tuple[str, dict[str, str]]] = []
+
+    def decoded(self, decoded: Decoded, envelope: Envelope) -> None:
+        """Steps 2 and 3 passed: name the operation on the span."""
+        self.operation_type = decoded.handler.operation_type
+        self.correlation_id = envelope.correlation_id
+        span = self.span
+        if span.is_recording():
+            identity = decoded.identity
+            span.set_attribute("consumer_kit.operation.type", self.operation_type)
+            span.set_attribute("consumer_kit.scope", identity.scope)
+            span.set_attribute("consumer_kit.operation.key", identity.key)
+            if self.correlation_id:
+                span.set_attribute("messaging.message.conversation_id", self.correlation_id)
+                span.set_attribute("consumer_kit.correlation_id", self.correlation_id)
+
+    def decided(self, decision: Decision) -> None:
+        """The outcome and how the delivery is settled."""
+        span = self.span
+        if not span.is_recording():
+            return
+        outcome = decision.outcome.value
+        span.set_attribute("consumer_kit.outcome", outcome)
+        span.set_attribute("consumer_kit.settlement", decision.how.value)
+        if decision.reason:
+            span.set_attribute("consumer_kit.reason", decision.reason)
+        span.set_attribute("consumer_kit.event_count", len(self.event_ids))
+        if outcome in _ERROR_OUTCOMES:
+            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {decision.reason or ''}"))
+
+
+@contextlib.contextmanager
+def delivery_span(delivery: Delivery, system: str) -> Iterator[DeliveryTrace]:
+    """The ``process {queue}`` CONSUMER span of one delivery, continuing the producer's context
+    from its headers; current (with its :class:`DeliveryTrace`) until the block ends."""
+    with tracer.start_as_current_span(
+        f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER,
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        notes = DeliveryTrace(span)
+        token = _current.set(notes)
+        try:
+            if span.is_recording():
+                span.set_attributes({
+                    "messaging.system": system,
+                    "messaging.destination.name": delivery.queue,
+                    "messaging.message.id": delivery.message_id or "",
+                    "messaging.operation.type": "process",
+                    "messaging.operation.name": "process",
+                    "consumer_kit.delivery_count": delivery.delivery_count,
+                    "consumer_kit.redelivered": delivery.redelivered,
+                })
+            yield notes
+        finally:
+            _current.reset(token)
+
+
+def current() -> DeliveryTrace | None:
+    """The delivery being processed in this task, if any."""
+    return _current.get()
+
+
+def note_events(events: Sequence[PendingEvent]) -> None:
+    """Remember the event ids the delivery's completion wrote (for its log line and span)."""
+    notes = _current.get()
+    if notes is not None and events:
+        notes.event_ids.extend(str(e.event_id) for e in events)
+
+
+def note_evidence(name: str, facts: Mapping[str, Any]) -> None:
+    """Remember an evidence record's name and its id facts (for the delivery's log line)."""
+    notes = _current.get()
+    if notes is not None:
+        from consumer_kit.telemetry.logs import evidence_ids
+
+        notes.evidence.append((name, evidence_ids(facts)))
+
+
+@contextlib.contextmanager
+def step(name: str, operation_type: str, *, histogram: str | None = None) -> Iterator[trace.Span]:
+    """A child span ``name`` of the current delivery; with ``histogram`` (``"claim"`` or
+    ``"handler"``) its duration is recorded as ``consumer_kit.claim.wait`` or
+    ``consumer_kit.handler.duration``. An exception leaves the span with status ERROR and a
+    one-line description (never the exception's text), and propagates."""
+    started = time.perf_counter()
+    with tracer.start_as_current_span(
+        name, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            if span.is_recording():
+                span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
+                span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            if histogram == "claim":
+                metrics.record_claim(operation_type, time.perf_counter() - started)
+            elif histogram == "handler":
+                metrics.record_handler(operation_type, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def producer_span(
+    destination: str, stored_headers: Mapping[str, str], *, system: str, event_id: str, attempt: int,
+    operation_key: str | None, correlation_id: str | None,
+) -> Iterator[trace.Span]:
+    """The relay's ``publish {destination}`` PRODUCER span for one outbox row, continuing the
+    trace context stored with the row; current until the block ends (inject inside it)."""
+    with tracer.start_as_current_span(
+        f"publish {destination}", context=extract(stored_headers), kind=SpanKind.PRODUCER,
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        if span.is_recording():
+            span.set_attributes({
+                "messaging.system": system,
+                "messaging.destination.name": destination,
+                "messaging.message.id": event_id,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "publish",
+                "outbox.attempt": attempt,
+            })
+            if operation_key:
+                span.set_attribute("consumer_kit.operation.key", operation_key)
+            if correlation_id:
+                span.set_attribute("messaging.message.conversation_id", correlation_id)
+                span.set_attribute("consumer_kit.correlation_id", correlation_id)
+        yield span
+
+
+def mark_failed(span: trace.Span, exc: BaseException) -> None:
+    """Status ERROR on ``span`` with a one-line description of ``exc`` (no exception text)."""
+    if span.is_recording():
+        span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
+        span.set_attribute("error.type", type(exc).__name__)
