@@ -37,6 +37,7 @@ from azure.servicebus.exceptions import (
 )
 
 from tests.servicebus_server import MessageState, ServiceBusTestServer
+from tests.servicebus_server.fixtures import eventually
 
 LOCK = 1.5  # seconds: short lock duration for the tests that wait for expiry
 RECEIVE_WAIT = 3  # seconds the SDK waits for a message before giving up
@@ -54,15 +55,6 @@ def bounded(seconds: float) -> Callable[[Callable[..., Awaitable[None]]], Callab
         return run
 
     return decorate
-
-
-async def eventually(condition: Callable[[], bool], *, within: float, what: str) -> None:
-    """Poll server state (not the SDK) until ``condition`` holds; fails after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def receive_one(receiver: ServiceBusReceiver, wait: float = RECEIVE_WAIT) -> ServiceBusReceivedMessage:

@@ -60,9 +60,10 @@ class Copies:
             await close_quietly(sender, self._close_timeout, f"the copy sender of {self.queue}")
             raise
 
-    async def room_beside(self, message: ServiceBusMessage) -> int:
+    async def room_beside(self, message: ServiceBusMessage) -> int | None:
         """Bytes left under the queue's message size limit beside ``message`` (0 when it is as large
-        as the limit or larger), measured on this queue's link (opened if needed).
+        as the limit or larger; ``None`` when the link reports no limit), measured on this queue's
+        link (opened if needed).
 
         Raises:
             azure.servicebus.exceptions.ServiceBusError: the link could not be opened.
@@ -74,7 +75,7 @@ class Copies:
             except TooLarge:
                 return 0
             limit = link_message_limit(sender)
-        return max(0, limit - size) if limit else 0
+        return max(0, limit - size) if limit else None
 
     async def close(self) -> None:
         sender, self._sender = self._sender, None
