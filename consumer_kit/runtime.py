@@ -66,7 +66,16 @@ from consumer_kit.leased import LeasedPath
 from consumer_kit.ledger import AttemptBook, AttemptCounts, Fence, Ledger, OperationRow
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
-from consumer_kit.telemetry import Counters, describe_error, record, tracer
+from consumer_kit.telemetry import (
+    Counters,
+    delivery_span,
+    describe_error,
+    describe_traceback,
+    messaging_system,
+    note_events,
+    record,
+    step,
+)
 from consumer_kit.transaction import (
     CommitUncertain,
     StaleConnection,
@@ -138,6 +147,7 @@ class Runtime:
         self.ledger = Ledger(settings.db_schema)
         self.attempts = AttemptBook(settings.db_schema, self.worker_id)
         self.counters = Counters()
+        self.messaging_system = messaging_system(settings.broker_url)  # the spans' messaging.system
         self.observers: list[Callable[[DeliveryReport], None]] = []
         self.on_environment_fault: Callable[[str], None] | None = None
         self.before_release: Callable[[], Awaitable[None]] | None = None
@@ -157,13 +167,11 @@ class Runtime:
             correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
             enqueued_at=delivery.enqueued_at,
         )
-        with tracer.start_as_current_span("consumer_kit.delivery") as span:
-            span.set_attribute("messaging.message.id", delivery.message_id or "")
-            span.set_attribute("messaging.destination.name", delivery.queue)
+        with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
             try:
                 decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # steps 2, 3
-                span.set_attribute("consumer_kit.operation_key", decoded.identity.key)
+                span.decoded(decoded, envelope)
                 decision = await self._admitted(delivery, decoded, envelope)  # steps 4 to 8
             except InvalidMessage as exc:
                 decision = Decision(
@@ -171,12 +179,12 @@ class Runtime:
                 )
             except SimulatedCrash:
                 report = self._report(delivery, decoded, Outcome.CRASHED, started, reason="crash point")
-                record(report, self.counters, None)
+                record(report, self.counters, None, span)
                 raise
             except asyncio.CancelledError:
                 await delivery.release()  # shutdown: given back uncounted
                 raise
-            span.set_attribute("consumer_kit.outcome", decision.outcome.value)
+            span.decided(decision)
             crashpoints.reached(CrashPoint.BEFORE_ACK)
             if decision.how is Settlement.RELEASED and self.before_release is not None:
                 # Give back only once the consumer has stopped: a copy put back while it still
@@ -187,7 +195,7 @@ class Runtime:
         report = self._report(
             delivery, decoded, decision.outcome, started, reason=decision.reason, result=decision.result
         )
-        record(report, self.counters, decoded.handler.operation_type if decoded else None)
+        record(report, self.counters, decoded.handler.operation_type if decoded else None, span)
         for observe in self.observers:
             observe(report)
         return report
@@ -210,13 +218,7 @@ class Runtime:
         identity = decoded.identity
         limit = self.settings.crash_limit
         try:
-            counts = await self._bookkeeping(
-                lambda conn: self.attempts.start_alone(
-                    conn, identity, message_id=delivery.message_id,
-                    delivery_count=delivery.delivery_count, crash_limit=limit,
-                ),
-                "the run-alone marker",
-            )
+            counts = await self._start_alone(delivery, identity)
         except Exception as exc:  # noqa: BLE001 - classified below
             if classify(exc) is FaultKind.ENVIRONMENT:
                 return self._released_for_environment(exc)
@@ -225,6 +227,10 @@ class Runtime:
                 "alone without it", describe_error(exc), delivery.message_id,
             )
             return await self._run(delivery, decoded, envelope)
+        if counts is None:
+            # Another copy runs alone on a live worker (its marker stays renewed): it decides;
+            # this copy comes back later and answers from the ledger.
+            return Decision.in_progress(self.settings.in_progress_delay, "running_alone_elsewhere")
         if counts.crashes >= limit:
             logger.error(
                 "parking scope=%s operation_key=%s message_id=%s: the process died %s times running it alone",
@@ -236,15 +242,50 @@ class Runtime:
                 detail=f"the worker process died {counts.crashes} times while running this operation "
                 f"alone (crash_limit {limit}); attempt history in the ledger's attempts table",
             )
+        renewer = asyncio.create_task(self._renew_alone(identity), name="consumer-kit run-alone marker")
         try:
             decision = await self._run(delivery, decoded, envelope)
         except SimulatedCrash:
-            raise  # a simulated death leaves the marker, as a real one would
+            raise  # a simulated death leaves the marker to expire, as a real one would
         except BaseException:
+            renewer.cancel()
             await self._finish_alone(identity)
             raise
+        finally:
+            renewer.cancel()
         await self._finish_alone(identity)
         return decision
+
+    async def _start_alone(self, delivery: Delivery, identity: OperationIdentity) -> AttemptCounts | None:
+        """Set the run-alone marker. A live marker of another run is waited out for at most one
+        marker lifetime (still holding this process to itself): a dead run's marker expires in
+        that time and its crash is counted; a live one is renewed, and ``None`` says so. Waiting
+        here rather than through the broker keeps this delivery a suspect, so it still runs alone."""
+        ttl = self.settings.alone_marker_ttl
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ttl * 1.2
+        while True:
+            counts = await self._bookkeeping(
+                lambda conn: self.attempts.start_alone(
+                    conn, identity, message_id=delivery.message_id, delivery_count=delivery.delivery_count,
+                    crash_limit=self.settings.crash_limit, ttl=ttl,
+                ),
+                "the run-alone marker",
+            )
+            if counts is not None or loop.time() >= deadline:
+                return counts
+            await asyncio.sleep(ttl / 5)
+
+    async def _renew_alone(self, identity: OperationIdentity) -> None:
+        """Keep the run-alone marker live while the run lasts (a renewal that fails is retried at
+        the next tick; the marker only expires if several in a row fail)."""
+        ttl = self.settings.alone_marker_ttl
+        while True:
+            await asyncio.sleep(ttl / 5)
+            try:
+                await self._bookkeeping(lambda conn: self.attempts.renew_alone(conn, identity, ttl), "marker renewal")
+            except Exception as exc:  # noqa: BLE001 - the next tick tries again
+                logger.debug("run-alone marker renewal failed (%s)", type(exc).__name__)
 
     async def _finish_alone(self, identity: OperationIdentity) -> None:
         try:
@@ -341,7 +382,8 @@ class Runtime:
             await rollback(conn, timeout)
             raise
         try:
-            await commit(conn, timeout, reset=decision.outcome is Outcome.EXECUTED)
+            with step("consumer_kit.commit", decoded.handler.operation_type):
+                await commit(conn, timeout, reset=decision.outcome is Outcome.EXECUTED)
         except CommitUncertain as exc:
             # Never ack; the redelivery reads the truth from the ledger.
             return self._commit_uncertain(exc)
@@ -360,11 +402,12 @@ class Runtime:
         identity = decoded.identity
         try:
             # The claim may wait lock_timeout on a concurrent claimer, then must answer.
-            async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
-                claim = await self.ledger.claim(
-                    conn, identity, owner=self.worker_id,
-                    lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
-                )
+            with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
+                async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
+                    claim = await self.ledger.claim(
+                        conn, identity, owner=self.worker_id,
+                        lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
+                    )
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
             # handler (on a business row) is contention.
@@ -395,9 +438,10 @@ class Runtime:
         try:
             with commit_forbidden(conn):
                 try:
-                    result = await within_handler_timeout(
-                        decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
-                    )
+                    with step("consumer_kit.handle", decoded.handler.operation_type, histogram="handler"):
+                        result = await within_handler_timeout(
+                            decoded.handler.handle(decoded.message, ctx), self.settings.handler_timeout
+                        )
                 finally:
                     ctx.seal()  # a publish after this point raises ContextSealed
         finally:
@@ -416,6 +460,7 @@ class Runtime:
             raise TransactionEnded(
                 "the handler ended the delivery's transaction and began another (COMMIT; BEGIN sent as SQL)"
             )
+        note_events(ctx.events)
         return Decision(Outcome.EXECUTED, Settlement.ACK, result=stored)
 
     async def _record_failure(
@@ -509,8 +554,9 @@ class Runtime:
     ) -> Decision:
         described = describe_error(exc)
         error_class = type(exc).__name__
-        # The exception's own text can quote business values, so the full traceback is DEBUG only.
-        logger.debug("fault traceback message_id=%s", delivery.message_id, exc_info=exc)
+        # The exception's own text can quote business values: the traceback is frames only.
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("fault traceback message_id=%s\n%s", delivery.message_id, describe_traceback(exc))
         if kind is FaultKind.ENVIRONMENT:
             return self._released_for_environment(exc)
         if kind is FaultKind.MESSAGE:

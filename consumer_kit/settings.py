@@ -224,6 +224,13 @@ class Settings(DatabaseSettings):
         description="Park a redelivered message as crashed_worker after the process died this many"
         " times while it ran alone.",
     )
+    alone_marker_ttl: float = seconds(
+        5.0, minimum=1, maximum=300, example=5,
+        description="How long a run alone's marker outlives its last renewal (renewed every fifth of"
+        " it): a crash is counted once a dead run's marker has expired, so a redelivery arriving"
+        " sooner waits (in_progress); shorter detects crashes sooner, but a database outage longer"
+        " than it during a run alone counts as a crash.",
+    )
     retry_delays: Annotated[list[float], NoDecode] = Field(
         default=[1.0, 5.0, 30.0],
         description="Backoff per retry after a handler fault; the last one repeats:"

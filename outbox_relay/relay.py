@@ -129,7 +129,7 @@ class Relay:
                     await self.relay_until_idle()
                     break
                 await self._guarded(self.relay_until_idle)
-                await self._guarded(self._cleanup_if_due)
+                await self._guarded(self._cleanup_if_due, clears_outage=False)
                 await self._wait_for_work()
         finally:
             await self.close()
@@ -439,12 +439,13 @@ class Relay:
             self._next_cleanup = now + self.settings.relay_cleanup_interval
             await self.cleanup_published()
 
-    async def _guarded(self, step: Callable[[], Awaitable[Any]]) -> None:
+    async def _guarded(self, step: Callable[[], Awaitable[Any]], *, clears_outage: bool = True) -> None:
         """Run ``step``. An unavailable database (connection lost, read-only after a fail-over,
         shutting down: an environment fault, :mod:`consumer_kit.faults`) is logged once per
         outage, the connection dropped, and the loop backs off (0.5 s doubling up to 5 s) before
         it reconnects; the relay reports not-ready meanwhile. Rows claimed before the fault are
-        published again, with the same event ID, once their lease runs out."""
+        published again, with the same event ID, once their lease runs out. Only a step that
+        always reaches the database (``clears_outage``) ends an outage."""
         try:
             await step()
         except psycopg.Error as exc:
@@ -463,6 +464,8 @@ class Relay:
             await self._sleep_unless_stopped(self._outage_backoff)
             self._outage_backoff = min(self._outage_backoff * 2, _BACKOFF_MAX)
             return
+        if not clears_outage:
+            return  # the step may not have reached the database (cleanup not due): proves nothing
         if self._outage is not None:
             logger.info("database available again")
         self._outage = None

@@ -176,7 +176,7 @@ async def test_poison_is_parked_as_crashed_worker_and_the_healthy_message_runs_o
     await renv.send(command(2, customer_id="c-healthy"))
     environment = renv.worker_environment(
         CONSUMER_KIT_CONCURRENCY="5", CONSUMER_KIT_RETRY_DELAYS="[0.2]",
-        CONSUMER_KIT_IN_PROGRESS_DELAY="0.2", CONSUMER_KIT_CRASH_LIMIT="3",
+        CONSUMER_KIT_IN_PROGRESS_DELAY="0.2", CONSUMER_KIT_CRASH_LIMIT="3", CONSUMER_KIT_ALONE_MARKER_TTL="1",
     )
 
     async def settled() -> bool:
@@ -492,8 +492,11 @@ async def test_relay_survives_a_read_only_window_and_publishes_everything_once_w
         try:
             await rec.wait_for(before, 15)
             await set_read_only(database_url, database, True)
-            await poll(lambda: _true(relay.counters["db_errors"] >= 2))
+            await poll(lambda: _true(relay.counters["db_errors"] >= 3))
             assert not task.done()
+            # one outage, backing off: a step that never reached the database (cleanup not due)
+            # must not end it (the back-off would restart at 0.5 s on every loop)
+            assert relay._outage is not None and relay._outage_backoff >= 2.0
             assert relay.health.port is not None
             assert await http_status(relay.health.port, "/ready") == 503
             await set_read_only(database_url, database, False)

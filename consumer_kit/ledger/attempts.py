@@ -8,7 +8,8 @@ that decides dead-lettering is kept here, per operation (scope, key), not taken 
 * ``contentions``: lock timeouts, deadlocks, serialization failures (their own, larger bound);
 * ``crashes``: times the process died while the operation ran *alone* (a redelivered message runs
   alone, so a crash then can only be its own; a crash with other deliveries in flight is
-  attributed to none of them); parked as ``crashed_worker`` at ``crash_limit``;
+  attributed to none of them), seen as a run-alone marker left to expire; parked as
+  ``crashed_worker`` at ``crash_limit``;
 * ``history``: the last :data:`HISTORY_LENGTH` events (time, kind, worker, message id, delivery
   count, error description: never payload values), oldest first.
 
@@ -26,6 +27,10 @@ from psycopg.rows import dict_row
 from consumer_kit.identity import OperationIdentity
 
 HISTORY_LENGTH = 20
+
+ALONE_MARKER_TTL = 5.0
+"""Seconds a run-alone marker stays live without renewal (renewed every second while the run
+lasts): a process that dies leaves it to expire, and the next run then counts the crash."""
 
 # ``history`` keeps its last HISTORY_LENGTH entries after appending ``{new}`` (a jsonb array).
 _TRIMMED_HISTORY = """
@@ -50,38 +55,47 @@ _COUNT = """
     RETURNING failures, contentions, crashes
 """
 
-# Begin a run alone. A run-alone marker still set means the previous run alone never finished:
-# its process died (a crash, recorded with that run's owner and start time). At ``crash_limit``
-# the operation is parked instead of run, and no new marker is set.
+# Begin a run alone. The marker is renewed while the run lasts (``renew_alone``), so one found
+# *expired* means the previous run alone never finished: its process died (a crash, recorded with
+# that run's owner and start). A marker still live belongs to a run that is alive elsewhere: no
+# row is returned and nothing changes (the caller waits). At ``crash_limit`` the operation is
+# parked instead of run, and no new marker is set.
+_DIED = "(a.running_until IS NOT NULL AND a.running_until <= now())"
+_PARK = "a.crashes + " + _DIED + "::int >= %(crash_limit)s::int"
 _START_ALONE = """
-    INSERT INTO {table} AS a (scope, key, running_owner, running_since, history)
-    VALUES (%(scope)s, %(key)s, %(worker)s, now(), jsonb_build_array(""" + _ENTRY + """))
+    INSERT INTO {table} AS a (scope, key, running_owner, running_since, running_until, history)
+    VALUES (%(scope)s, %(key)s, %(worker)s, now(), now() + make_interval(secs => %(ttl)s),
+            jsonb_build_array(""" + _ENTRY + """))
     ON CONFLICT (scope, key) DO UPDATE SET
-        crashes = a.crashes + (a.running_since IS NOT NULL)::int,
-        running_owner = CASE WHEN a.crashes + (a.running_since IS NOT NULL)::int >= %(crash_limit)s::int
-                             THEN NULL ELSE EXCLUDED.running_owner END,
-        running_since = CASE WHEN a.crashes + (a.running_since IS NOT NULL)::int >= %(crash_limit)s::int
-                             THEN NULL ELSE now() END,
+        crashes = a.crashes + """ + _DIED + """::int,
+        running_owner = CASE WHEN """ + _PARK + """ THEN NULL ELSE EXCLUDED.running_owner END,
+        running_since = CASE WHEN """ + _PARK + """ THEN NULL ELSE now() END,
+        running_until = CASE WHEN """ + _PARK + """ THEN NULL ELSE EXCLUDED.running_until END,
         history = """ + _TRIMMED_HISTORY.format(
-    new="""CASE WHEN a.running_since IS NULL THEN '[]'::jsonb ELSE jsonb_build_array(jsonb_build_object(
+    new="""CASE WHEN """ + _DIED + """ THEN jsonb_build_array(jsonb_build_object(
                 'at', now(), 'kind', 'crash', 'worker', a.running_owner,
-                'detail', 'died while running alone since ' || a.running_since::text)) END
+                'detail', 'died while running alone since ' || a.running_since::text)) ELSE '[]'::jsonb END
             || jsonb_build_array(jsonb_set(EXCLUDED.history -> 0, '{{kind}}', to_jsonb(
-                CASE WHEN a.crashes + (a.running_since IS NOT NULL)::int >= %(crash_limit)s::int
-                     THEN 'parked' ELSE 'run_alone' END)))""",
+                CASE WHEN """ + _PARK + """ THEN 'parked' ELSE 'run_alone' END)))""",
     length=HISTORY_LENGTH,
 ) + """,
         updated_at = now()
+     WHERE NOT coalesce(a.running_until > now() AND a.running_owner IS DISTINCT FROM EXCLUDED.running_owner, false)
     RETURNING failures, contentions, crashes
 """
 
+_RENEW_ALONE = """
+    UPDATE {table} SET running_until = now() + make_interval(secs => %(ttl)s)
+     WHERE scope = %(scope)s AND key = %(key)s AND running_owner = %(worker)s
+"""
+
 _FINISH_ALONE = """
-    UPDATE {table} SET running_owner = NULL, running_since = NULL, updated_at = now()
+    UPDATE {table} SET running_owner = NULL, running_since = NULL, running_until = NULL, updated_at = now()
      WHERE scope = %(scope)s AND key = %(key)s AND running_owner = %(worker)s
 """
 
 _FETCH = """
-    SELECT failures, contentions, crashes, running_owner, running_since, history, updated_at
+    SELECT failures, contentions, crashes, running_owner, running_since, running_until, history, updated_at
       FROM {table} WHERE scope = %s AND key = %s
 """
 
@@ -104,6 +118,7 @@ class AttemptRecord:
     crashes: int
     running_owner: str | None
     running_since: Any
+    running_until: Any
     history: list[dict[str, Any]]
     updated_at: Any
 
@@ -122,6 +137,7 @@ class AttemptBook:
         self._count = sql.SQL(_COUNT).format(table=table).as_bytes(None)
         self._start_alone = sql.SQL(_START_ALONE).format(table=table).as_bytes(None)
         self._finish_alone = sql.SQL(_FINISH_ALONE).format(table=table).as_bytes(None)
+        self._renew_alone = sql.SQL(_RENEW_ALONE).format(table=table).as_bytes(None)
         self._fetch = sql.SQL(_FETCH).format(table=table).as_bytes(None)
 
     async def count_failure(
@@ -142,12 +158,28 @@ class AttemptBook:
 
     async def start_alone(
         self, conn: AsyncConnection[Any], identity: OperationIdentity, *, message_id: str | None,
-        delivery_count: int, crash_limit: int,
-    ) -> AttemptCounts:
-        """Mark a run alone of a redelivered message as begun (unless the operation reached
-        ``crash_limit`` with this call: then ``crashes >= crash_limit`` and no marker is set)."""
-        return await self._write(self._start_alone, conn, identity, "run_alone", message_id,
-                                 delivery_count, "redelivered: running alone", crash_limit=crash_limit)
+        delivery_count: int, crash_limit: int, ttl: float = ALONE_MARKER_TTL,
+    ) -> AttemptCounts | None:
+        """Mark a run alone of a redelivered message as begun, live for ``ttl`` seconds unless
+        renewed. ``None`` when another run alone of this operation is live (wait and retry).
+        At ``crash_limit`` (``crashes >= crash_limit`` in the result) no marker is set: park it."""
+        cur = await conn.execute(
+            self._start_alone,
+            {"scope": identity.scope, "key": identity.key, "kind": "run_alone", "worker": self.worker,
+             "message_id": message_id, "delivery_count": delivery_count,
+             "detail": "redelivered: running alone", "crash_limit": crash_limit, "ttl": ttl},
+        )
+        row = await cur.fetchone()
+        return None if row is None else AttemptCounts(*row)
+
+    async def renew_alone(
+        self, conn: AsyncConnection[Any], identity: OperationIdentity, ttl: float = ALONE_MARKER_TTL
+    ) -> bool:
+        """Keep this worker's run-alone marker live for ``ttl`` more seconds."""
+        cur = await conn.execute(
+            self._renew_alone, {"scope": identity.scope, "key": identity.key, "worker": self.worker, "ttl": ttl}
+        )
+        return cur.rowcount == 1
 
     async def finish_alone(self, conn: AsyncConnection[Any], identity: OperationIdentity) -> None:
         """Clear this worker's run-alone marker: the run ended without the process dying."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from consumer_kit.errors import ConfigurationError
 from consumer_kit.outbox import OUTBOX_MIGRATIONS, notify_channel
 
 # Ordered, append-only; each statement is idempotent so a re-run (or a concurrent run, serialised by
@@ -37,7 +38,7 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
             updated_at          timestamptz NOT NULL DEFAULT now(),
             completed_at        timestamptz,
             PRIMARY KEY (scope, key)
-        );
+        ) {partitioning};
         CREATE INDEX IF NOT EXISTS operations_open_leases_idx
             ON {schema}.operations (lease_expires_at) WHERE state = 'processing';
         CREATE INDEX IF NOT EXISTS operations_needs_reconciliation_idx
@@ -49,8 +50,8 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
         # consumer-kit's own attempt count per operation (DESIGN.md "Faults and attempts"): it, not
         # the broker's delivery count, decides dead-lettering. Written only when something went
         # wrong (a handler fault, contention) or a redelivered message runs alone, so the common
-        # path never touches it. ``running_*`` marks a run alone in progress: found still set by
-        # the next run, it means the process died while running this operation alone (a crash).
+        # path never touches it. ``running_*`` marks a run alone in progress, renewed while it runs:
+        # found expired by the next run, it means the process died running this operation alone.
         """
         CREATE TABLE IF NOT EXISTS {schema}.attempts (
             scope          text        NOT NULL,
@@ -60,6 +61,7 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
             crashes        integer     NOT NULL DEFAULT 0,
             running_owner  text,
             running_since  timestamptz,
+            running_until  timestamptz,
             history        jsonb       NOT NULL DEFAULT '[]'::jsonb,
             created_at     timestamptz NOT NULL DEFAULT now(),
             updated_at     timestamptz NOT NULL DEFAULT now(),
@@ -90,17 +92,44 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
             ADD COLUMN IF NOT EXISTS resolution_note text;
         """,
     ),
+    (
+        4,
+        # Retention (`consumer-kit prune`): when the bulky result body and the compact identity of
+        # an operation may be deleted, set when the operation is first written (from its handler's
+        # result_retention / key_retention; NULL: kept). Set once and never updated by the runtime,
+        # so the indexes cost the completion nothing (it stays a HOT update).
+        """
+        ALTER TABLE {schema}.operations
+            ADD COLUMN IF NOT EXISTS body_expires_at timestamptz,
+            ADD COLUMN IF NOT EXISTS key_expires_at  timestamptz;
+        CREATE INDEX IF NOT EXISTS operations_body_expiry_idx
+            ON {schema}.operations (body_expires_at) WHERE body_expires_at IS NOT NULL;
+        CREATE INDEX IF NOT EXISTS operations_key_expiry_idx
+            ON {schema}.operations (key_expires_at) WHERE key_expires_at IS NOT NULL;
+        """,
+    ),
 ]
 
 
-async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
+async def migrate(conn: AsyncConnection[Any], schema: str, *, partitions: int | None = None) -> list[int]:
     """Create or upgrade the ledger and outbox in ``schema``; safe to re-run and to run concurrently.
 
-    Returns the migration versions applied by this call (empty when already up to date).
-    """
+    Args:
+        partitions: create the ``operations`` table hash-partitioned on (scope, key) into this
+            many partitions (2-1024). Only when the ledger does not exist yet: an existing one is
+            never repartitioned here (a maintenance step of its own, see docs/scaling.md).
 
+    Returns the migration versions applied by this call (empty when already up to date).
+
+    Raises:
+        ConfigurationError: ``partitions`` out of range, or asked for on an existing ledger that
+            is not partitioned that way.
+    """
+    if partitions is not None and not 2 <= partitions <= 1024:
+        raise ConfigurationError(f"--partitions={partitions}: must be between 2 and 1024 (e.g. 16)")
     schema_id = sql.Identifier(schema)
     applied_now: list[int] = []
+    partitioning = sql.SQL("PARTITION BY HASH (scope, key)" if partitions else "")
     async with conn.transaction():
         # Serialise concurrent migrators (two workers starting at once) on one schema.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("consumer_kit:" + schema,))
@@ -115,12 +144,31 @@ async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
             sql.SQL("SELECT version FROM {}").format(sql.Identifier(schema, "schema_migrations"))
         )
         done = {row[0] for row in await cur.fetchall()}
+        if partitions and 1 in done and await ledger_partitions(conn, schema) != partitions:
+            raise ConfigurationError(
+                f"schema {schema!r} already has a ledger that is not hash-partitioned into {partitions}: "
+                "repartitioning a ledger in use is a maintenance step of its own (docs/scaling.md)"
+            )
         for version, ddl in sorted(LEDGER_MIGRATIONS + OUTBOX_MIGRATIONS):
             if version in done:
                 continue
             await conn.execute(
-                sql.SQL(ddl).format(schema=schema_id, channel=sql.Literal(notify_channel(schema)))
+                sql.SQL(ddl).format(
+                    schema=schema_id, channel=sql.Literal(notify_channel(schema)), partitioning=partitioning
+                )
             )
+            if version == 1 and partitions:
+                for remainder in range(partitions):
+                    await conn.execute(
+                        sql.SQL(
+                            "CREATE TABLE IF NOT EXISTS {part} PARTITION OF {table} "
+                            "FOR VALUES WITH (MODULUS {modulus}, REMAINDER {remainder})"
+                        ).format(
+                            part=sql.Identifier(schema, f"operations_p{remainder}"),
+                            table=sql.Identifier(schema, "operations"),
+                            modulus=sql.Literal(partitions), remainder=sql.Literal(remainder),
+                        )
+                    )
             await conn.execute(
                 sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
                     sql.Identifier(schema, "schema_migrations")
@@ -129,6 +177,17 @@ async def migrate(conn: AsyncConnection[Any], schema: str) -> list[int]:
             )
             applied_now.append(version)
     return applied_now
+
+
+async def ledger_partitions(conn: AsyncConnection[Any], schema: str) -> int | None:
+    """How many hash partitions ``schema``'s ``operations`` table has (``None``: not partitioned)."""
+    cur = await conn.execute(
+        "SELECT count(i.inhrelid) FROM pg_partitioned_table p JOIN pg_inherits i ON i.inhparent = p.partrelid "
+        "WHERE p.partrelid = to_regclass(%s)",
+        (sql.Identifier(schema, "operations").as_string(conn),),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row and row[0] else None
 
 
 async def schema_ready(conn: AsyncConnection[Any], schema: str) -> bool:
