@@ -9,14 +9,15 @@ module            job
 ``settings``      broker URL and connection string, the adapter's own settings
 ``connection``    opening and closing clients (shared access key or Microsoft Entra ID)
 ``entities``      queue and ``topic/Subscriptions/name`` names; receivers and senders for them
-``messages``      fields consumer-kit reads and writes; retry copies; relay events
-``limits``        size checks before any send
+``messages``      fields consumer-kit reads and writes; copies; dead-letter texts; relay events
+``limits``        size checks before any send; measuring a message
 ``errors``        lock loss; PublishError kinds
+``counters``      what the consumer counts
 ``give_backs``    telling a crash from our own abandon (``redelivered``)
 ``renewal``       renewing every held lock at half its remaining time
 ``route``         a delivery's receiver and session lock
-``delivery``      :class:`ServiceBusDelivery`: complete, abandon, scheduled copy, held retry, dead-letter
-``copies``        the sender of scheduled retry copies
+``delivery``      :class:`ServiceBusDelivery`: complete, abandon, copies, held retry, dead-letter
+``copies``        the sender of retry and release copies (and the queue's size limit)
 ``pump``          one queue or subscription: receive exactly as many messages as there are slots
 ``sessions``      a session entity: sessions in parallel, each one's messages in order
 ``consumer``      :class:`ServiceBusConsumer`: pumps, pause and resume, shutdown
