@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import os
 import sys
+from collections.abc import Coroutine
 from importlib.metadata import version
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,10 +21,14 @@ import typer
 
 from consumer_kit.app import App, load_app
 from consumer_kit.cli_ledger import ledger_cli
+from consumer_kit.cli_prune import prune
 from consumer_kit.console import (
     Embedded,
     LibraryLogLevel,
+    LogFormat,
     LogLevel,
+    MetricsPort,
+    Otel,
     read_settings,
     require_database,
     require_shared_broker,
@@ -33,6 +38,7 @@ from consumer_kit.console import (
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
+from consumer_kit.telemetry.setup import install
 
 cli = typer.Typer(
     add_completion=False,
@@ -67,6 +73,9 @@ AppPath = Annotated[str, typer.Argument(help="The App, as package.module:attribu
 @cli.command()
 def migrate(
     schema: Annotated[str | None, typer.Option(help="Schema (default CONSUMER_KIT_DB_SCHEMA or consumer_kit)")] = None,
+    partitions: Annotated[int | None, typer.Option(
+        help="Create the ledger hash-partitioned on (scope, key) into N partitions (new ledgers only)",
+    )] = None,
     embedded: Embedded = False,
     log_level: LogLevel = "INFO",
     library_log_level: LibraryLogLevel = "WARNING",
@@ -82,7 +91,7 @@ def migrate(
 
     async def run() -> list[int]:
         async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
-            return await migrate_schema(conn, settings.db_schema)
+            return await migrate_schema(conn, settings.db_schema, partitions=partitions)
 
     with user_errors(settings):
         require_database(settings, "consumer-kit migrate")
@@ -102,11 +111,15 @@ def worker(
     embedded: Embedded = False,
     log_level: LogLevel = "INFO",
     library_log_level: LibraryLogLevel = "WARNING",
+    log_format: LogFormat = "text",
+    metrics_port: MetricsPort = None,
+    otel: Otel = False,
 ) -> None:
     """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0).
 
-    Needs CONSUMER_KIT_BROKER_URL and CONSUMER_KIT_DATABASE_URL (or --embedded)."""
-    setup_logging(log_level, library_log_level)
+    Needs CONSUMER_KIT_BROKER_URL and CONSUMER_KIT_DATABASE_URL (or --embedded). With
+    --metrics-port and --processes N, the processes serve ports PORT to PORT+N-1."""
+    setup_logging(log_level, library_log_level, log_format)
     settings = read_settings(
         Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None,
         options={"concurrency": "--concurrency"},
@@ -121,13 +134,42 @@ def worker(
 
             env = child_environment(database_url(settings))
             extra = ["--log-level", log_level, "--library-log-level", library_log_level]
+            extra += ["--log-format", log_format]
             extra += ["--migrate"] if migrate_first else []
             if concurrency:
                 extra += ["--concurrency", str(concurrency)]
+            if metrics_port is not None:
+                extra += ["--metrics-port", str(metrics_port)]
+                env[PORT_RANGE_VARIABLE] = str(processes)
+            extra += ["--otel"] if otel else []
             raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
         from consumer_kit.worker import Worker
 
-        asyncio.run(Worker(load_app(app), settings, migrate_schema=migrate_first).run())
+        application = load_app(app)
+        installed = install(
+            service_name="consumer-kit-worker", metrics_port=metrics_port, otel=otel,
+            port_range=int(os.environ.get(PORT_RANGE_VARIABLE, "1")),
+        )
+        try:
+            worker = Worker(application, settings, migrate_schema=migrate_first)
+            asyncio.run(_with_gauges(worker.run(), settings, metrics_port is not None or otel))
+        finally:
+            installed.shutdown()
+
+
+PORT_RANGE_VARIABLE = "CONSUMER_KIT_METRICS_PORT_RANGE"
+"""Set by a supervisor for its children: how many ports from --metrics-port they may take."""
+
+
+async def _with_gauges(run: Coroutine[Any, Any, None], settings: Settings, gauges: bool) -> None:
+    """Run the worker, refreshing the ledger gauges meanwhile when metrics are exported."""
+    if not gauges:
+        await run
+        return
+    from consumer_kit.telemetry.gauges import DatabaseGauges
+
+    async with DatabaseGauges(database_url(settings), settings.db_schema, ledger=True):
+        await run
 
 
 @cli.command()
@@ -206,6 +248,7 @@ def _load_demo() -> Any:
 
 
 cli.add_typer(ledger_cli, name="ledger")
+cli.command("prune")(prune)
 
 
 def main() -> None:

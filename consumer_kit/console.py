@@ -45,6 +45,34 @@ LibraryLogLevel = Annotated[
 ]
 """The two logging options of every command (:func:`setup_logging`)."""
 
+LOG_FORMATS = ("text", "json")
+
+LogFormat = Annotated[
+    str,
+    typer.Option(
+        "--log-format", envvar="CONSUMER_KIT_LOG_FORMAT",
+        help="text (one line per record) or json (one JSON object per record, with the delivery "
+        "line's fields: outcome, operation_key, message_id, event_ids, correlation_id, ...)",
+    ),
+]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port", envvar="CONSUMER_KIT_METRICS_PORT", min=1, max=65535,
+        help="Serve metrics in Prometheus format at http://0.0.0.0:PORT/metrics (needs the otel extra)",
+    ),
+]
+Otel = Annotated[
+    bool,
+    typer.Option(
+        "--otel", envvar="CONSUMER_KIT_OTEL",
+        help="Export traces and metrics by OTLP, configured by the standard OTEL_* variables "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT, ...; needs the otel extra)",
+    ),
+]
+"""The telemetry options of ``consumer-kit worker`` and ``outbox-relay``
+(:func:`consumer_kit.telemetry.setup.install`)."""
+
 Embedded = Annotated[
     bool,
     typer.Option(
@@ -55,16 +83,34 @@ Embedded = Annotated[
 ]
 
 
-def setup_logging(level: str, library_level: str = "WARNING") -> None:
+def setup_logging(level: str, library_level: str = "WARNING", log_format: str = "text") -> None:
     """One line per record on stderr: consumer-kit's own loggers (:data:`OWN_LOGGERS`) at
     ``level``, every other library (aio-pika, aiormq, psycopg, pgserver, ...) at
     ``library_level``, so ``--log-level DEBUG`` shows each delivery without AMQP frame dumps.
+    ``log_format`` ``json`` writes one JSON object per record
+    (:class:`consumer_kit.telemetry.logs.JsonFormatter`); either format writes exceptions as
+    frames-only tracebacks (an exception's text may quote the payload).
 
     Raises:
-        typer.Exit: (code 2) a level that is not one of :data:`LEVELS`.
+        typer.Exit: (code 2) a level that is not one of :data:`LEVELS`, or a format that is not
+            one of :data:`LOG_FORMATS`.
     """
+    from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
+
     own, libraries = _level(level, "--log-level"), _level(library_level, "--library-log-level")
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(process)d %(message)s", stream=sys.stderr)
+    if log_format not in LOG_FORMATS:
+        fail(f"--log-format={log_format}: must be one of {', '.join(LOG_FORMATS)}")
+    text = "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"
+    formatter = JsonFormatter() if log_format == "json" else SafeTextFormatter(text)
+    root = logging.getLogger()
+    if not root.handlers:
+        stderr = logging.StreamHandler(sys.stderr)
+        stderr.setFormatter(formatter)
+        root.addHandler(stderr)
+    else:  # a host (or a test) set up logging: only plain stream handlers change format
+        for handler in root.handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.setFormatter(formatter)
     logging.getLogger().setLevel(libraries)
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(own)

@@ -48,6 +48,7 @@ from consumer_kit.handler import Context, Result
 from consumer_kit.ledger import FAILED, NEEDS_RECONCILIATION, EvidenceBook, Fence, Ledger, OperationRow
 from consumer_kit.outcomes import Outcome, StoredResult
 from consumer_kit.settings import Settings
+from consumer_kit.telemetry import note_events, note_evidence, step
 from consumer_kit.transaction import (
     CommitUncertain,
     TransactionEnded,
@@ -102,13 +103,14 @@ class LeasedPath:
         """Steps 1-3 (module docstring) for one delivery; faults propagate to the runtime's
         classification after the lease was given up."""
         identity = decoded.identity
-        claim = await self._statement(
-            lambda conn: self.ledger.claim(
-                conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
-                message_id=envelope.message_id,
-            ),
-            "the claim",
-        )
+        with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
+            claim = await self._statement(
+                lambda conn: self.ledger.claim(
+                    conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
+                    message_id=envelope.message_id,
+                ),
+                "the claim",
+            )
         if claim.row is None:
             return Decision.in_progress(0.0, "row_vanished")
         if claim.claimed:
@@ -196,12 +198,14 @@ class _LeasedRun:
             self.lost = "lease taken over (evidence refused)"
             self._raise_if_lost()
         self._recorded.add(name)
+        note_evidence(name, facts)
 
     # -- the attempt -------------------------------------------------------------------------------
 
     async def own(self, recovered: bool) -> Decision:
         handler, message = self.decoded.handler, self.decoded.message
         timeout = self.path.settings.handler_timeout
+        operation_type = handler.operation_type
         try:
             async with self._renewing():
                 if recovered:
@@ -209,19 +213,23 @@ class _LeasedRun:
                         lambda conn: self.path.evidence.fetch(conn, self.identity.scope, self.identity.key),
                         "reading evidence",
                     ))
-                    verdict = await within_handler_timeout(handler.reconcile(message, evidence, self.ctx), timeout)
+                    with step("consumer_kit.reconcile", operation_type, histogram="handler"):
+                        verdict = await within_handler_timeout(handler.reconcile(message, evidence, self.ctx), timeout)
                     if verdict.verdict is Verdict.UNKNOWN:
                         return await self._park(verdict)
                     result = verdict.result if verdict.verdict is Verdict.DONE else None
                     if verdict.verdict is Verdict.NOT_DONE:
-                        result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
+                        with step("consumer_kit.handle", operation_type, histogram="handler"):
+                            result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
                     elif result is None:
                         result = Result("reconciled")
                 else:
-                    result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
+                    with step("consumer_kit.handle", operation_type, histogram="handler"):
+                        result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
                 self.ctx.seal()
                 crashpoints.reached(CrashPoint.IN_HANDLER)
-                return await self._complete(stored_result(result), recovered)
+                with step("consumer_kit.commit", operation_type):
+                    return await self._complete(stored_result(result), recovered)
         except LeaseLost as exc:
             await self._end_transaction()
             return self._lease_lost(str(exc))
@@ -268,6 +276,7 @@ class _LeasedRun:
             return self.path._on_commit_uncertain(exc)
         finally:
             await self._return_connection()
+        note_events(self.ctx.events)
         crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_ACK)
         outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
         return Decision(outcome, Settlement.ACK, result=result)

@@ -39,6 +39,8 @@ from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime
 from consumer_kit.settings import Settings, redact_url
+from consumer_kit.telemetry.gauges import watch_paused
+from consumer_kit.telemetry.metrics import record_pause
 
 logger = logging.getLogger("consumer_kit.worker")
 
@@ -81,6 +83,7 @@ class Worker:
         self.started = asyncio.Event()
         self._on_report = on_report
         self.admission = Admission(self.settings.concurrency, on_change=self._hold_consumers)
+        watch_paused(self.admission)  # gauge consumer_kit.worker.paused
         self.pauses = 0
         self._database_url: str | None = None
         self._pool: AsyncConnectionPool | None = None
@@ -189,6 +192,7 @@ class Worker:
         if self._stop.is_set() or not self.admission.pause(reason):
             return
         self.pauses += 1
+        record_pause()
         logger.warning("paused: %s; giving deliveries back and probing the database", reason)
         self._probe = asyncio.create_task(self._probe_until_writable(), name="consumer-kit probe")
 

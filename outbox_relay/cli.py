@@ -28,7 +28,10 @@ import typer
 from consumer_kit.console import (
     Embedded,
     LibraryLogLevel,
+    LogFormat,
     LogLevel,
+    MetricsPort,
+    Otel,
     read_settings,
     require_database,
     require_shared_broker,
@@ -37,6 +40,7 @@ from consumer_kit.console import (
 )
 from consumer_kit.embedded import database_url
 from consumer_kit.settings import EMBEDDED
+from consumer_kit.telemetry.setup import install
 from outbox_relay.relay import Relay
 from outbox_relay.settings import OutboxSettings, RelaySettings
 from outbox_relay.store import OutboxStore
@@ -101,14 +105,19 @@ def run(
     embedded: Embedded = False,
     log_level: LogLevel = "INFO",
     library_log_level: LibraryLogLevel = "WARNING",
+    log_format: LogFormat = "text",
+    metrics_port: MetricsPort = None,
+    otel: Otel = False,
 ) -> None:
     """Relay outbox rows to the broker until SIGTERM (or once, with --once).
 
     Probes PostgreSQL and the broker at start-up: a refused login, a wrong URL, a missing vhost or
-    a broker that stays down (RabbitMQ: 30 s) stops it with the reason (exit 2)."""
+    a broker that stays down (RabbitMQ: 30 s) stops it with the reason (exit 2). --metrics-port
+    serves the relay's metrics and the outbox gauges in Prometheus format; --otel exports traces
+    and metrics by OTLP (OTEL_* variables)."""
     if ctx.invoked_subcommand is not None:
         return
-    setup_logging(log_level, library_log_level)
+    setup_logging(log_level, library_log_level, log_format)
     settings = read_settings(
         RelaySettings,
         options=OPTIONS,
@@ -128,15 +137,27 @@ def run(
     with user_errors(settings):
         require_shared_broker(settings, "outbox-relay")
         require_database(settings, "outbox-relay")
-        asyncio.run(_run(settings, once=once))
+        installed = install(service_name="outbox-relay", metrics_port=metrics_port, otel=otel)
+        try:
+            asyncio.run(_run(settings, once=once, gauges=metrics_port is not None or otel))
+        finally:
+            installed.shutdown()
 
 
-async def _run(settings: RelaySettings, *, once: bool) -> None:
+async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False) -> None:
     relay = Relay(settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.request_stop)
-    await relay.run(once=once)
+    if gauges:
+        from consumer_kit.telemetry.gauges import DatabaseGauges
+
+        async with DatabaseGauges(
+            database_url(settings), settings.db_schema, outbox=True, max_attempts=settings.relay_max_attempts
+        ):
+            await relay.run(once=once)
+    else:
+        await relay.run(once=once)
     if once:
         typer.echo(f"published {relay.counters['published']} rows")
 

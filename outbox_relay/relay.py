@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import psycopg
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from psycopg import AsyncConnection, sql
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
@@ -42,7 +42,9 @@ from consumer_kit.faults import FaultKind, classify
 from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
 from consumer_kit.settings import Settings, redact_url
-from consumer_kit.telemetry import describe_error
+from consumer_kit.telemetry import describe_error, messaging_system
+from consumer_kit.telemetry.metrics import record_published
+from consumer_kit.telemetry.tracing import mark_failed, producer_span
 from outbox_relay.counters import RelayCounters
 from outbox_relay.listener import NotifyListener
 from outbox_relay.reconnect import close_quietly, connect_error, log_retry
@@ -51,7 +53,6 @@ from outbox_relay.settings import RelaySettings
 from outbox_relay.store import ClaimedRow, Failure, OutboxStore
 
 logger = logging.getLogger("outbox_relay")
-tracer = trace.get_tracer("outbox_relay")
 
 _BACKOFF_FIRST = 0.5  # seconds between tries while the database is unavailable, doubling
 _BACKOFF_MAX = 5.0
@@ -92,6 +93,7 @@ class Relay:
         self.settings = settings
         self.relay_id = settings.relay_id
         self.counters = RelayCounters()
+        self.messaging_system = messaging_system(settings.broker_url)  # the spans' messaging.system
         self.routing = routing or Routing.from_settings(settings)
         self.store = OutboxStore.from_settings(settings)
         self.health = Health(
@@ -355,22 +357,19 @@ class Relay:
             self.counters.add("unknown_destination")
             return Failure(row.id, str(exc), park=True)
         stored = {str(k): str(v) for k, v in row.headers.items()}
-        with tracer.start_as_current_span(
-            f"publish {exchange}",
-            context=propagate.extract(stored),
-            kind=trace.SpanKind.PRODUCER,
-            attributes={
-                "messaging.message.id": str(row.event_id),
-                "messaging.destination.name": exchange,
-                "outbox.attempt": row.attempts + 1,
-            },
-        ):
+        # Continues the trace context stored with the row (consumer_kit.telemetry.tracing).
+        with producer_span(
+            exchange, stored, system=self.messaging_system, event_id=str(row.event_id),
+            attempt=row.attempts + 1, operation_key=row.operation_key, correlation_id=row.correlation_id,
+        ) as span:
             message = self._outgoing(row, exchange, routing_key, stored)
             assert self._publisher is not None
             try:
                 await self._publisher.publish(message)
             except Exception as exc:  # noqa: BLE001 - PublishError or an adapter's own error
+                mark_failed(span, exc)
                 return self._failure(row, exc)
+        record_published(exchange, row.created_at)
         return None
 
     def _failure(self, row: ClaimedRow, exc: Exception) -> Failure:
