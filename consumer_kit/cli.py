@@ -1,4 +1,5 @@
-"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``demo``.
+"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``demo``, ``ledger``, ``stats``,
+``dlq``.
 
 Exit codes: 0 done (a worker stopped by SIGTERM/SIGINT too), 2 a mistake the user can fix (a
 setting out of range, no database named, wrong URL, schema not migrated), printed as
@@ -21,6 +22,7 @@ import typer
 
 from consumer_kit.app import App, load_app
 from consumer_kit.cli_ledger import ledger_cli
+from consumer_kit.cli_stats import stats as stats_command
 from consumer_kit.cli_prune import prune
 from consumer_kit.console import (
     Embedded,
@@ -248,6 +250,7 @@ def _load_demo() -> Any:
 
 
 cli.add_typer(ledger_cli, name="ledger")
+cli.command("stats")(stats_command)
 cli.command("prune")(prune)
 
 

@@ -185,7 +185,7 @@ class StatsReader:
         cap: the outbox counts stop at this many rows.
     """
 
-    def __init__(self, schema: str, *, max_attempts: int = 10, cap: int = OUTBOX_COUNT_CAP) -> None:
+    def __init__(self, schema: str, *, max_attempts: int = 20, cap: int = OUTBOX_COUNT_CAP) -> None:
         self.schema = schema
         self.max_attempts = max_attempts
         self.cap = cap

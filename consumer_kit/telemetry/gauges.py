@@ -66,7 +66,7 @@ class DatabaseGauges:
 
     def __init__(
         self, database_url: str, schema: str, *, ledger: bool = False, outbox: bool = False,
-        max_attempts: int = 10, interval: float = DEFAULT_INTERVAL, statement_timeout: float = 5.0,
+        max_attempts: int = 20, interval: float = DEFAULT_INTERVAL, statement_timeout: float = 5.0,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be > 0 seconds")

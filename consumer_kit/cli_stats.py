@@ -1,0 +1,101 @@
+"""``consumer-kit stats``: outcome counts per operation type, stuck and parked operations, outbox lag.
+
+    consumer-kit stats [--since 1h] [--json]
+
+Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only (what the numbers mean:
+:mod:`consumer_kit.stats`). Duplicates and in-progress collisions are not in the ledger (one row
+per operation): they are in the metrics (``consumer_kit.duplicates``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from consumer_kit.cli_ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
+from consumer_kit.console import Embedded, fail
+from consumer_kit.stats import Stats, StatsReader
+
+COLUMNS = (
+    ("executed", "executed"), ("lease_recovered", "recovered"), ("failed", "failed"),
+    ("retries", "retries"), ("contentions", "contentions"), ("crashes", "crashes"),
+    ("crashed_worker", "parked (crash)"), ("processing", "processing"), ("expired_leases", "stuck"),
+    ("needs_reconciliation", "reconcile"), ("resolved", "resolved"),
+)
+"""(OperationStats field, column title) of the table, in order."""
+
+
+def stats(
+    since: Annotated[str, typer.Option(help="Window: 30s, 10m, 1h, 1d")] = "1h",
+    max_attempts: Annotated[
+        int, typer.Option(min=1, envvar="CONSUMER_KIT_RELAY_MAX_ATTEMPTS", help="The relay's parking bound")
+    ] = 20,
+    schema: Schema = None,
+    as_json: AsJson = False,
+    embedded: Embedded = False,
+) -> None:
+    """Outcome counts per operation type, stuck and parked operations with ages, outbox lag."""
+    try:
+        seconds = parse_duration(since)
+    except ValueError as exc:
+        fail(f"--since: {exc}")
+    settings = _settings(schema, embedded)
+    reader = StatsReader(settings.db_schema, max_attempts=max_attempts)
+    result = _run(settings, lambda conn: reader.read(conn, since=seconds))
+    if as_json:
+        typer.echo(json.dumps(_jsonable(dataclasses.asdict(result)), indent=2))
+        return
+    print_stats(result, since)
+
+
+def print_stats(result: Stats, since: str, console: Console | None = None) -> None:
+    """The operations table and the outbox table, as ``consumer-kit stats`` prints them."""
+    console = console or Console()
+    table = Table(title=f"operations in {result.schema}, last {since} (at {result.generated_at:%Y-%m-%d %H:%M:%S %Z})")
+    table.add_column("operation type")
+    for _, title in COLUMNS:
+        table.add_column(title, justify="right")
+    table.add_column("oldest stuck / reconcile", justify="right")
+    for row in result.operations:
+        ages = f"{_age(row.oldest_expired_age)} / {_age(row.oldest_reconciliation_age)}"
+        table.add_row(row.operation_type, *(str(getattr(row, field)) for field, _ in COLUMNS), ages)
+    if not result.operations:
+        table.add_row("(none)", *("0" for _ in COLUMNS), "- / -")
+    console.print(table)
+    outbox = result.outbox
+    if outbox is None:
+        return
+    lag = Table(title="outbox")
+    for column in ("pending", "oldest pending", "parked", f"published ({since})",
+                   "commit→publish avg", "p50", "p95", "max"):
+        lag.add_column(column, justify="right")
+    lag.add_row(
+        str(outbox.pending), _age(outbox.oldest_pending_age), str(outbox.parked), str(outbox.published),
+        *(_duration(v) for v in (outbox.latency_avg, outbox.latency_p50, outbox.latency_p95, outbox.latency_max)),
+    )
+    console.print(lag)
+
+
+def _age(seconds: float | None) -> str:
+    """``"45s"``, ``"3m05s"``, ``"2h10m"``, ``"1d03h"``; ``"-"`` for none."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
