@@ -22,6 +22,7 @@ from consumer_kit.identity import OperationIdentity, canonical_json, fingerprint
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
+from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
 
 __all__ = [
     "App",
@@ -50,8 +51,11 @@ __all__ = [
     "RetryableError",
     "Settings",
     "Settlement",
+    "StaleVersion",
     "StoredResult",
+    "apply_if_newer",
     "canonical_json",
     "fingerprint",
     "load_app",
+    "update_expecting",
 ]

@@ -22,8 +22,8 @@ import typer
 
 from consumer_kit.app import App, load_app
 from consumer_kit.cli_ledger import ledger_cli
-from consumer_kit.cli_stats import stats as stats_command
 from consumer_kit.cli_prune import prune
+from consumer_kit.cli_stats import stats as stats_command
 from consumer_kit.console import (
     Embedded,
     LibraryLogLevel,

@@ -7,6 +7,7 @@ touched the database yet.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,12 @@ from pydantic import BaseModel, ValidationError
 
 from consumer_kit import strict_json
 from consumer_kit.app import App
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, Envelope
+from consumer_kit.envelope import (
+    MESSAGE_TYPE_HEADER,
+    OPERATION_CREATED_AT_HEADER,
+    OPERATION_ID_HEADER,
+    Envelope,
+)
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from consumer_kit.handler import Handler
 from consumer_kit.identity import (
@@ -29,11 +35,14 @@ MAX_BODY_BYTES = 4 * 1024 * 1024  # a larger body is dead-lettered as invalid_js
 
 @dataclass(frozen=True)
 class Decoded:
-    """A delivery that passed steps 2 and 3."""
+    """A delivery that passed steps 2 and 3: its handler, validated message and identity, its
+    ordering key (``None``: unordered) and when its operation was created (``None``: unknown)."""
 
     handler: Handler[Any]
     message: BaseModel
     identity: OperationIdentity
+    partition_key: str | None = None
+    operation_time: dt.datetime | None = None
 
 
 def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
@@ -76,7 +85,36 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
         fingerprint=message_fingerprint,
         projection_version=handler.projection_version,
     )
-    return Decoded(handler, message, identity)
+    return Decoded(
+        handler, message, identity, handler.partition_key(message, envelope), operation_time(envelope)
+    )
+
+
+def operation_time(envelope: Envelope) -> dt.datetime | None:
+    """When the operation was created: header ``operation-created-at`` (ISO 8601 with an offset,
+    e.g. ``2026-11-30T12:00:00Z``), else the broker's enqueue time, else ``None``.
+
+    Raises:
+        InvalidMessage: ``invalid_header`` for a header that is not such a time.
+    """
+    value = envelope.header(OPERATION_CREATED_AT_HEADER)
+    if value is None:
+        return envelope.enqueued_at
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    if isinstance(value, dt.datetime):  # an AMQP timestamp header
+        parsed: dt.datetime | None = value
+    else:
+        try:
+            parsed = dt.datetime.fromisoformat(str(value))
+        except ValueError:
+            parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_HEADER,
+            f"{OPERATION_CREATED_AT_HEADER} must be an ISO 8601 time with an offset (e.g. 2026-11-30T12:00:00Z)",
+        )
+    return parsed
 
 
 def route(app: App, queue: str, envelope: Envelope) -> Handler[Any]:

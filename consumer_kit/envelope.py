@@ -11,6 +11,8 @@ OPERATION_ID_HEADER = "operation-id"
 TENANT_HEADER = "tenant-id"
 MESSAGE_TYPE_HEADER = "message-type"
 CORRELATION_ID_HEADER = "correlation-id"
+PARTITION_KEY_HEADER = "partition-key"
+OPERATION_CREATED_AT_HEADER = "operation-created-at"
 DEFAULT_TENANT = "default"
 
 

@@ -79,4 +79,5 @@ class DeadLetterReason(enum.StrEnum):
     MAX_DELIVERIES = "max_deliveries_exceeded"
     MAX_CONTENTIONS = "max_contentions_exceeded"
     CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times while it ran alone
+    KEY_EXPIRED = "key_expired"  # older than its key retention, and its identity is gone
     NEEDS_RECONCILIATION = "needs_reconciliation"

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import typing
 import uuid
@@ -29,9 +30,10 @@ from psycopg import AsyncConnection
 from pydantic import BaseModel
 
 from consumer_kit.effects import Evidence, LeaseHooks, Reconciled
-from consumer_kit.envelope import DEFAULT_TENANT, TENANT_HEADER, Envelope
+from consumer_kit.envelope import DEFAULT_TENANT, PARTITION_KEY_HEADER, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
 from consumer_kit.identity import OperationIdentity, downstream_key, fingerprint_of
+from consumer_kit.ledger.operations import Retention
 from consumer_kit.outbox import PendingEvent, pending_event
 
 M = TypeVar("M", bound=BaseModel)
@@ -205,6 +207,15 @@ class Handler(Generic[M]):
             queue; defaults to the model's class name.
         key_from_message_id: fall back to the broker message id when no ``operation-id`` header is
             present (only safe where producers set a stable message id per operation).
+        result_retention: how long the stored result body is kept (``datetime.timedelta``;
+            ``None``: until the identity goes); ``consumer-kit prune`` deletes it after.
+        key_retention: how long the operation's identity (scope, key, fingerprint, outcome) is
+            kept (``None``, the default: for ever). A message older than this that finds no
+            identity row is refused as ``key_expired``, never executed as new (see README
+            "Retention"). Its age is header ``operation-created-at`` (ISO 8601) or the broker's
+            enqueue time.
+        permanent: the effects are irreversible (money, entitlements): the identity is never
+            deleted, whatever ``key_retention`` says elsewhere (setting both is refused).
         external_effects: the handler calls something outside PostgreSQL (a payment API, e-mail):
             take the leased path (see :mod:`consumer_kit.effects`): the claim commits first under
             a lease, ``ctx.record_evidence`` and ``ctx.downstream_key`` serve the remote calls,
@@ -220,6 +231,9 @@ class Handler(Generic[M]):
     message_type: ClassVar[str | None] = None
     key_from_message_id: ClassVar[bool] = False
     external_effects: ClassVar[bool] = False
+    result_retention: ClassVar[dt.timedelta | None] = dt.timedelta(days=30)
+    key_retention: ClassVar[dt.timedelta | None] = None
+    permanent: ClassVar[bool] = False
     model: ClassVar[type[BaseModel]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -241,12 +255,41 @@ class Handler(Generic[M]):
             )
         if not inspect.iscoroutinefunction(type(self).handle):
             raise ConfigurationError(f"{type(self).__name__}.handle must be `async def`")
+        cls = type(self)
+        if cls.permanent and cls.key_retention is not None:
+            raise ConfigurationError(
+                f"{cls.__name__} is permanent: its identity is never deleted, so it takes no key_retention"
+            )
+        for name in ("result_retention", "key_retention"):
+            value = getattr(cls, name)
+            if value is not None and (not isinstance(value, dt.timedelta) or value <= dt.timedelta(0)):
+                raise ConfigurationError(f"{cls.__name__}.{name} must be a positive datetime.timedelta or None")
         stale = [v for v in type(self).earlier_projections if v >= type(self).projection_version]
         if stale:
             raise ConfigurationError(
                 f"{type(self).__name__}.earlier_projections names versions {stale}, not below "
                 f"projection_version {type(self).projection_version}"
             )
+
+    @property
+    def retention(self) -> Retention:
+        """The ledger retention of this handler's operations (seconds; ``None``: kept)."""
+        cls = type(self)
+        return Retention(
+            body_seconds=cls.result_retention.total_seconds() if cls.result_retention else None,
+            key_seconds=cls.key_retention.total_seconds() if cls.key_retention and not cls.permanent else None,
+        )
+
+    def partition_key(self, message: M, envelope: Envelope) -> str | None:
+        """The ordering key: deliveries with the same key run one at a time, in delivery order
+        (``None``: no order). Default: the broker's own (SQS message group, Service Bus session),
+        else header ``partition-key``. Override it to order by an aggregate of the message."""
+        if envelope.partition_key:
+            return envelope.partition_key
+        value = envelope.header(PARTITION_KEY_HEADER)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        return value if isinstance(value, str) and value else None
 
     def projection(self, message: M, version: int) -> Any:
         """The intent projection of ``message`` under projection ``version``: what its fingerprint

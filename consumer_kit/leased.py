@@ -107,7 +107,7 @@ class LeasedPath:
             claim = await self._statement(
                 lambda conn: self.ledger.claim(
                     conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
-                    message_id=envelope.message_id,
+                    message_id=envelope.message_id, retention=decoded.handler.retention,
                 ),
                 "the claim",
             )

@@ -24,7 +24,7 @@ class Outcome(enum.StrEnum):
     INVALID = "invalid"  # bad body/key/headers: dead-lettered
     DEAD_LETTERED = "dead_lettered"  # retryable error past max deliveries
     UNCERTAIN = "uncertain"  # COMMIT outcome unknown: not acked, redelivery reads the ledger
-    KEY_EXPIRED = "key_expired"  # reserved for the retention policy
+    KEY_EXPIRED = "key_expired"  # older than its key retention, identity gone: refused, dead-lettered
     CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times running it alone: parked
     CRASHED = "crashed"  # a crash point fired: left unsettled
 

@@ -29,6 +29,7 @@ by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_t
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import logging
 import os
@@ -62,6 +63,7 @@ from consumer_kit.errors import (
 from consumer_kit.faults import FaultKind, StatementTimeout, classify
 from consumer_kit.handler import Context
 from consumer_kit.identity import OperationIdentity, UnsupportedNumber
+from consumer_kit.lanes import Lanes
 from consumer_kit.leased import LeasedPath
 from consumer_kit.ledger import AttemptBook, AttemptCounts, Fence, Ledger, OperationRow
 from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
@@ -152,6 +154,7 @@ class Runtime:
         self.on_environment_fault: Callable[[str], None] | None = None
         self.before_release: Callable[[], Awaitable[None]] | None = None
         self._uncleared: set[OperationIdentity] = set()  # run-alone markers to clear once it can
+        self.lanes = Lanes()
         self.leased = LeasedPath(
             pool, settings, self.ledger, self.worker_id,
             existing_row=self._handle_for_state, on_commit_uncertain=self._commit_uncertain,
@@ -203,14 +206,16 @@ class Runtime:
     # -- admission: one limit per process, redelivered messages alone ------------------------------
 
     async def _admitted(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
-        try:
-            if delivery.redelivered:
-                async with self.admission.alone():
-                    return await self._run_alone(delivery, decoded, envelope)
-            async with self.admission.slot():
-                return await self._run(delivery, decoded, envelope)
-        except GiveBack as back:
-            return Decision(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
+        # The lane first: a delivery waiting behind an earlier one of its key holds no slot.
+        async with self.lanes.lane(decoded.partition_key):
+            try:
+                if delivery.redelivered:
+                    async with self.admission.alone():
+                        return await self._run_alone(delivery, decoded, envelope)
+                async with self.admission.slot():
+                    return await self._run(delivery, decoded, envelope)
+            except GiveBack as back:
+                return Decision(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
 
     async def _run_alone(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
         """Run a redelivered message with nothing else running: if the process dies now, the next
@@ -314,6 +319,10 @@ class Runtime:
 
     async def _run(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
         """Execute, retrying contention in place a few times, and turn any fault into a decision."""
+        if self._key_may_have_expired(decoded):
+            expired = await self._answer_old_message(delivery, decoded)
+            if expired is not None:
+                return expired
         contended = 0
         while True:
             try:
@@ -330,6 +339,36 @@ class Runtime:
                     await asyncio.sleep(random.uniform(0, _CONTENTION_BASE_DELAY * 2**contended))
                     continue
                 return await self._after_fault(delivery, decoded, exc, kind)
+
+    def _key_may_have_expired(self, decoded: Decoded) -> bool:
+        """The message is older than its handler's key retention: its identity may be gone."""
+        retention = decoded.handler.retention.key_seconds
+        if retention is None or decoded.operation_time is None:
+            return False
+        age = (dt.datetime.now(dt.UTC) - decoded.operation_time).total_seconds()
+        return age > retention
+
+    async def _answer_old_message(self, delivery: Delivery, decoded: Decoded) -> Decision | None:
+        """Key expiry is not a new operation (README "Retention"): a message older than its key
+        retention is never claimed. Its row, if still there, answers it (duplicate, replayed
+        failure, conflict, in progress); without one it is refused as ``key_expired``.
+        ``None``: a processing row whose lease expired, which the ordinary path recovers."""
+        identity = decoded.identity
+        row = await self._bookkeeping(
+            lambda conn: self.ledger.fetch(conn, identity.scope, identity.key), "reading the ledger row"
+        )
+        if row is None:
+            logger.warning(
+                "key expired scope=%s operation_key=%s message_id=%s: created %s, older than its key "
+                "retention, and no ledger row: refused, never executed as new",
+                identity.scope, identity.key, delivery.message_id, decoded.operation_time,
+            )
+            return Decision(
+                Outcome.KEY_EXPIRED, Settlement.DEAD_LETTER, reason=DeadLetterReason.KEY_EXPIRED.value,
+                detail=f"operation created {decoded.operation_time:%Y-%m-%dT%H:%M:%SZ} is older than the key "
+                f"retention of {type(decoded.handler).__name__} and its identity is gone: reconcile by hand",
+            )
+        return self._handle_for_state(row, decoded)
 
     async def _execute(self, decoded: Decoded, envelope: Envelope) -> Decision:
         identity = decoded.identity
@@ -405,8 +444,8 @@ class Runtime:
             with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
                 async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
                     claim = await self.ledger.claim(
-                        conn, identity, owner=self.worker_id,
-                        lease_seconds=self.settings.lease_seconds, message_id=envelope.message_id,
+                        conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
+                        message_id=envelope.message_id, retention=decoded.handler.retention,
                     )
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
@@ -475,6 +514,7 @@ class Runtime:
                 recorded = await self.ledger.record_failure(
                     conn, identity, message_id=envelope.message_id, code=failure.code,
                     error_class=type(failure).__name__, detail=failure.detail,
+                    retention=decoded.handler.retention,
                 )
                 row = None if recorded else await self.ledger.fetch(conn, identity.scope, identity.key)
             return recorded, row

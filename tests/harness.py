@@ -17,12 +17,14 @@ from examples.invoices.app import create_tables
 
 
 @asynccontextmanager
-async def throwaway_schema(database_url: str, *, example_tables: bool = True) -> AsyncIterator[str]:
-    """A fresh schema holding the ledger, the outbox and (unless ``example_tables=False``) the
-    invoices example's tables; dropped afterwards."""
+async def throwaway_schema(
+    database_url: str, *, example_tables: bool = True, partitions: int | None = None
+) -> AsyncIterator[str]:
+    """A fresh schema holding the ledger (hash-partitioned into ``partitions`` if given), the
+    outbox and (unless ``example_tables=False``) the invoices example's tables; dropped afterwards."""
     schema = "ck_" + uuid.uuid4().hex[:10]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await migrate(conn, schema)
+        await migrate(conn, schema, partitions=partitions)
         await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
         if example_tables:
             await create_tables(conn)

@@ -31,6 +31,7 @@ delivery still unacked on it (never one left unacked on a live channel).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import Any
 
@@ -97,6 +98,8 @@ class RabbitMQDelivery(Delivery):
             delivery_count=delivery_count_of(headers, broker_redelivered),
             redelivered=broker_redelivered or REDELIVERED_HEADER in headers,
             correlation_id=message.correlation_id,
+            # RabbitMQ stamps no enqueue time: the AMQP timestamp property is the producer's.
+            enqueued_at=_aware(message.timestamp),
             settle_timeout=settle_timeout,
         )
         self._message = message
@@ -229,3 +232,10 @@ class RabbitMQDelivery(Delivery):
             type=original.type,
             app_id=original.app_id,
         ).properties
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    """AMQP timestamps are whole seconds since the epoch; aio-pika gives them naive (UTC)."""
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)

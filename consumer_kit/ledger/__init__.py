@@ -18,6 +18,7 @@ from consumer_kit.ledger.operations import (
     Fence,
     Ledger,
     OperationRow,
+    Retention,
 )
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Fence",
     "Ledger",
     "OperationRow",
+    "Retention",
     "migrate",
     "missing_migrations",
     "schema_ready",

@@ -181,13 +181,17 @@ async def migrate(conn: AsyncConnection[Any], schema: str, *, partitions: int | 
 
 async def ledger_partitions(conn: AsyncConnection[Any], schema: str) -> int | None:
     """How many hash partitions ``schema``'s ``operations`` table has (``None``: not partitioned)."""
+    return len(await partition_names(conn, schema)) or None
+
+
+async def partition_names(conn: AsyncConnection[Any], schema: str) -> list[str]:
+    """The partitions of ``schema``'s ``operations`` table (``[]``: not partitioned)."""
     cur = await conn.execute(
-        "SELECT count(i.inhrelid) FROM pg_partitioned_table p JOIN pg_inherits i ON i.inhparent = p.partrelid "
-        "WHERE p.partrelid = to_regclass(%s)",
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = to_regclass(%s) ORDER BY c.relname",
         (sql.Identifier(schema, "operations").as_string(conn),),
     )
-    row = await cur.fetchone()
-    return int(row[0]) if row and row[0] else None
+    return [str(row[0]) for row in await cur.fetchall()]
 
 
 async def schema_ready(conn: AsyncConnection[Any], schema: str) -> bool:

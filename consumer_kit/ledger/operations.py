@@ -60,10 +60,12 @@ _ROW_COLUMNS = sql.SQL(
 _TERMINAL_UPSERT = sql.SQL(
     """
     INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint, projection_version,
-        state, attempts, message_id, result_status, error_class, error_detail, completed_at)
+        state, attempts, message_id, result_status, error_class, error_detail, completed_at,
+        body_expires_at, key_expires_at)
     VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
         %(projection_version)s, {state}, 1, %(message_id)s, %(code)s, %(error_class)s, %(detail)s,
-        CASE WHEN {state} = 'failed' THEN now() END)
+        CASE WHEN {state} = 'failed' THEN now() END,
+        now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s))
     ON CONFLICT (scope, key) DO UPDATE SET state = EXCLUDED.state,
            result_status = coalesce(EXCLUDED.result_status, o.result_status),
            error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,
@@ -85,6 +87,22 @@ _FENCES = {
         "AND pg_current_xact_id_if_assigned() = %(xid)s::xid8"
     ),
 }
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long an operation's bulky result body and its compact identity row are kept, in
+    seconds from its first write (``None``: kept until deleted by hand). Stored in the row as
+    ``body_expires_at`` / ``key_expires_at`` for ``consumer-kit prune``."""
+
+    body_seconds: float | None = None
+    key_seconds: float | None = None
+
+    def params(self) -> dict[str, float | None]:
+        return {"body_keep": self.body_seconds, "key_keep": self.key_seconds}
+
+
+KEEP = Retention()
 
 
 @dataclass(frozen=True)
@@ -146,10 +164,12 @@ class Ledger:
             """
             WITH claimed AS (
                 INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
-                    projection_version, state, attempts, lease_owner, lease_expires_at, message_id)
+                    projection_version, state, attempts, lease_owner, lease_expires_at, message_id,
+                    body_expires_at, key_expires_at)
                 VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
                     %(projection_version)s, 'processing', 1, %(owner)s,
-                    now() + make_interval(secs => %(lease)s), %(message_id)s)
+                    now() + make_interval(secs => %(lease)s), %(message_id)s,
+                    now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s))
                 ON CONFLICT (scope, key) DO NOTHING
                 RETURNING true AS claimed, pg_current_xact_id_if_assigned()::text AS xid, {columns}
             )
@@ -237,6 +257,7 @@ class Ledger:
         owner: str,
         lease_seconds: float,
         message_id: str | None,
+        retention: Retention = KEEP,
     ) -> Claim:
         """Atomically claim ``identity`` in the caller's transaction (the leased path runs it as a
         transaction of its own, committed at once).
@@ -258,6 +279,7 @@ class Ledger:
             "owner": owner,
             "lease": lease_seconds,
             "message_id": message_id,
+            **retention.params(),
         }
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(self._claim, params)
@@ -377,12 +399,13 @@ class Ledger:
         code: str,
         error_class: str,
         detail: str,
+        retention: Retention = KEEP,
     ) -> bool:
         """Record a retained ``failed`` row (duplicates replay it). ``False`` when another worker's
         row got there first (completed, failed, or processing under a live lease): that row decides."""
         return await self._upsert_terminal(
             conn, self._record_failure, identity, message_id=message_id, code=code,
-            error_class=error_class, detail=detail,
+            error_class=error_class, detail=detail, retention=retention,
         )
 
     async def park(
@@ -411,6 +434,7 @@ class Ledger:
         code: str | None,
         error_class: str,
         detail: str,
+        retention: Retention = KEEP,
     ) -> bool:
         cur = await conn.execute(
             statement,
@@ -425,6 +449,7 @@ class Ledger:
                 "code": code,
                 "error_class": error_class,
                 "detail": detail,
+                **retention.params(),
             },
         )
         return cur.rowcount == 1
