@@ -2,7 +2,8 @@
 
 The core never imports an adapter: ``amqp://`` maps to the module registered under ``amqp``
 (``adapters.rabbitmq``), ``memory://`` to ``adapters.memory``. An adapter module provides
-``consumer_from_settings(settings)`` and ``publisher_from_settings(settings)``.
+``consumer_from_settings(settings)`` and ``publisher_from_settings(settings)``, and may provide
+``dead_letters_from_settings(settings)`` (``consumer-kit dlq``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import ModuleType
 from typing import cast
 from urllib.parse import urlparse
 
-from consumer_kit.broker import Consumer, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues, Publisher
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.settings import Settings
 
@@ -45,6 +46,14 @@ def open_consumer(settings: Settings) -> Consumer:
 
 def open_publisher(settings: Settings) -> Publisher:
     return cast(Publisher, adapter_for(settings.broker_url).publisher_from_settings(settings))
+
+
+def open_dead_letters(settings: Settings) -> DeadLetterQueues:
+    """The adapter's ``dead_letters_from_settings(settings)``, or :class:`DeadLetterQueues` (every
+    method raises "not supported") for an adapter without one."""
+    adapter = adapter_for(settings.broker_url)
+    factory = getattr(adapter, "dead_letters_from_settings", None)
+    return DeadLetterQueues() if factory is None else cast(DeadLetterQueues, factory(settings))
 
 
 def _extra(scheme: str) -> str:

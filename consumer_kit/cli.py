@@ -21,6 +21,7 @@ import psycopg
 import typer
 
 from consumer_kit.app import App, load_app
+from consumer_kit.cli_dlq import dlq_cli
 from consumer_kit.cli_ledger import ledger_cli
 from consumer_kit.cli_prune import prune
 from consumer_kit.cli_stats import stats as stats_command
@@ -251,6 +252,7 @@ def _load_demo() -> Any:
 
 cli.add_typer(ledger_cli, name="ledger")
 cli.command("stats")(stats_command)
+cli.add_typer(dlq_cli, name="dlq")
 cli.command("prune")(prune)
 
 

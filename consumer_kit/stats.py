@@ -254,3 +254,24 @@ class StatsReader:
 
 def _seconds(value: Any) -> float | None:
     return None if value is None else max(0.0, float(value))
+
+
+_FAILURE_TIMES = """
+    SELECT a.key, min((e ->> 'at')::timestamptz), max((e ->> 'at')::timestamptz)
+      FROM {attempts} AS a CROSS JOIN LATERAL jsonb_array_elements(a.history) AS e
+     WHERE a.key = ANY(%(keys)s) AND e ->> 'kind' IN ('failure', 'contention', 'crash', 'parked')
+     GROUP BY a.key
+"""
+
+
+async def failure_times(
+    conn: AsyncConnection[Any], schema: str, keys: list[str]
+) -> dict[str, tuple[dt.datetime, dt.datetime]]:
+    """``{operation key: (first, last)}`` failure times the ledger's attempt history records for
+    ``keys`` (any scope; the history keeps each operation's last 20 entries). Keys that never
+    failed (a payload conflict, an invalid message) are absent."""
+    if not keys:
+        return {}
+    query = sql.SQL(_FAILURE_TIMES).format(attempts=sql.Identifier(schema, "attempts"))
+    cur = await conn.execute(query, {"keys": keys})
+    return {str(key): (first, last) for key, first, last in await cur.fetchall()}

@@ -15,6 +15,7 @@ module              job
 ``subscription``    one queue on a channel of its own: consume, cancel, re-create
 ``consumer``        :class:`RabbitMQConsumer`: the connection, recovery, pause and resume
 ``publisher``       :class:`RabbitMQPublisher`: the relay's confirmed publishes
+``dead_letters``    :class:`RabbitMQDeadLetters`: list and redrive ``<queue>.dlq`` (``consumer-kit dlq``)
 ==================  ===============================================================================
 
 Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
@@ -42,7 +43,7 @@ is ``basic.reject(requeue=False)``-ed into the work queue's own dead-letter exch
 declarations and suspect publishes run on channels of their own (:mod:`adapters.rabbitmq.publisher`).
 
 Entry points (``consumer_kit.brokers``, schemes ``amqp``/``amqps``): :func:`consumer_from_settings`,
-:func:`publisher_from_settings`.
+:func:`publisher_from_settings`, :func:`dead_letters_from_settings`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapters.rabbitmq.consumer import RabbitMQConsumer
+from adapters.rabbitmq.dead_letters import RabbitMQDeadLetters
 from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.headers import (
     DEAD_LETTER_DETAIL_HEADER,
@@ -76,10 +78,12 @@ __all__ = [
     "REDELIVERED_HEADER",
     "TRIMMED_HEADER",
     "RabbitMQConsumer",
+    "RabbitMQDeadLetters",
     "RabbitMQDelivery",
     "RabbitMQPublisher",
     "broker_delivery_limit",
     "consumer_from_settings",
+    "dead_letters_from_settings",
     "delivery_count_of",
     "publisher_from_settings",
 ]
@@ -105,3 +109,9 @@ def publisher_from_settings(settings: Any) -> RabbitMQPublisher:
     """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirm."""
     return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)
+
+
+def dead_letters_from_settings(settings: Any) -> RabbitMQDeadLetters:
+    """Entry point ``consumer_kit.brokers: amqp``: the dead-letter queues of ``settings.broker_url``
+    (``consumer-kit dlq``), each broker operation bounded by ``settings.settle_timeout`` seconds."""
+    return RabbitMQDeadLetters(settings.broker_url, timeout=settings.settle_timeout)

@@ -1,0 +1,211 @@
+"""``consumer-kit dlq``: list a work queue's dead letters and move them back.
+
+    consumer-kit dlq list QUEUE [--limit 100] [--show-body] [--json] [--app APP]
+    consumer-kit dlq redrive QUEUE (--reason R | --key K | --all) [--dry-run] [--app APP]
+
+Works through the broker's adapter (:class:`consumer_kit.broker.DeadLetterQueues`): RabbitMQ
+``<queue>.dlq``, SQS the queue's dead-letter queue, Service Bus ``<queue>/$DeadLetterQueue``.
+Reads ``CONSUMER_KIT_BROKER_URL``; with ``CONSUMER_KIT_DATABASE_URL`` set, first and last failure
+come from the ledger's attempt history (else from the broker's times). Bodies are printed only with
+``--show-body`` (they may hold personal data). ``--app`` computes operation keys that handlers
+derive from the body (otherwise: header ``operation-id``).
+
+A redriven message keeps its body, message id and operation headers, so it keeps its operation key:
+one whose operation completed meanwhile is answered as a duplicate, never executed twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from consumer_kit.app import App, load_app
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
+from consumer_kit.console import fail, read_settings, require_shared_broker, user_errors
+from consumer_kit.decoding import decode
+from consumer_kit.envelope import Envelope
+from consumer_kit.errors import InvalidMessage
+from consumer_kit.settings import Settings
+from consumer_kit.stats import failure_times
+
+T = TypeVar("T")
+
+dlq_cli = typer.Typer(no_args_is_help=True, help="List a queue's dead letters; move them back (redrive).")
+
+Queue = Annotated[str, typer.Argument(help="The work queue (as the app subscribes it)")]
+AppOption = Annotated[
+    str | None, typer.Option("--app", help="package.module:attribute: compute operation keys with its handlers")
+]
+
+
+@dataclasses.dataclass
+class Row:
+    """A dead letter as listed: the broker's facts plus the operation key and failure times."""
+
+    letter: DeadLetter
+    operation_key: str | None
+    first_failure: dt.datetime | None
+    last_failure: dt.datetime | None
+
+
+@dlq_cli.command("list")
+def list_dead_letters(
+    queue: Queue,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many, oldest first")] = 100,
+    show_body: Annotated[bool, typer.Option("--show-body", help="Also print each body (may hold personal data)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
+    app: AppOption = None,
+) -> None:
+    """Reason, detail, delivery count, first and last failure and operation key of each dead letter
+    (nothing is removed)."""
+    settings = _settings()
+    application = _app(app)
+
+    async def read(dead: DeadLetterQueues) -> list[Row]:
+        return await _rows(settings, application, await dead.peek(queue, limit=limit))
+
+    rows = _with_dead_letters(settings, read)
+    if as_json:
+        typer.echo(json.dumps([_json(row, show_body) for row in rows], indent=2))
+        return
+    table = Table(title=f"dead letters of {queue} ({len(rows)}{'+' if len(rows) == limit else ''})")
+    for column in ("message id", "operation key", "reason", "detail", "deliveries", "first failure",
+                   "last failure", *(["body"] if show_body else [])):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        letter = row.letter
+        table.add_row(
+            letter.message_id or "-", row.operation_key or "-", letter.reason, letter.detail[:120],
+            str(letter.delivery_count), _time(row.first_failure), _time(row.last_failure),
+            *([letter.body.decode("utf-8", "replace")] if show_body else []),
+        )
+    Console().print(table)
+
+
+@dlq_cli.command()
+def redrive(
+    queue: Queue,
+    reason: Annotated[str | None, typer.Option(help="Only this reason (max_deliveries_exceeded also matches max_deliveries_exceeded:...)")] = None,
+    key: Annotated[list[str] | None, typer.Option(help="Only this operation key (repeatable)")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="Every dead letter of the queue")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would move; move nothing")] = False,
+    app: AppOption = None,
+) -> None:
+    """Move dead letters back to QUEUE, each with its operation key (a redrive of an operation that
+    is done answers as a duplicate). Say which: --reason, --key or --all."""
+    if not (reason or key or everything):
+        fail("say which dead letters to redrive: --reason R, --key K or --all")
+    settings = _settings()
+    application = _app(app)
+    keys = set(key or [])
+
+    def select(letter: DeadLetter) -> bool:
+        if reason is not None and letter.reason != reason and letter.reason.split(":", 1)[0] != reason:
+            return False
+        return not keys or _operation_key(application, letter) in keys
+
+    async def move(dead: DeadLetterQueues) -> RedriveReport:
+        total = await dead.count(queue)
+        with Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=Console(stderr=True), disable=not sys.stderr.isatty() and "CONSUMER_KIT_PROGRESS" not in os.environ,
+        ) as progress:
+            task = progress.add_task(f"{'checking' if dry_run else 'redriving'} {queue}", total=total)
+            return await dead.redrive(
+                queue, select, dry_run=dry_run, progress=lambda _letter, _moved: progress.advance(task),
+            )
+
+    report = _with_dead_letters(settings, move)
+    verb = "would redrive" if dry_run else "redrove"
+    typer.echo(f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed} (queue {queue})")
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _settings() -> Settings:
+    settings = read_settings(Settings)
+    with user_errors(settings):
+        require_shared_broker(settings, "consumer-kit dlq")
+    return settings
+
+
+def _app(path: str | None) -> App | None:
+    if path is None:
+        return None
+    sys.path.insert(0, os.getcwd())
+    with user_errors():
+        return load_app(path)
+    raise AssertionError("unreachable")  # user_errors exits on every error
+
+
+def _with_dead_letters(settings: Settings, work: Callable[[DeadLetterQueues], Awaitable[T]]) -> T:
+    from consumer_kit.brokers import open_dead_letters
+
+    async def run() -> T:
+        dead = open_dead_letters(settings)
+        try:
+            return await work(dead)
+        finally:
+            await dead.close()
+
+    with user_errors(settings):
+        return asyncio.run(run())
+    raise AssertionError("unreachable")
+
+
+def _operation_key(app: App | None, letter: DeadLetter) -> str | None:
+    """Header ``operation-id``, else (with ``--app``) the key the queue's handler computes."""
+    if letter.operation_key or app is None:
+        return letter.operation_key
+    envelope = Envelope(letter.queue, letter.message_id, letter.headers, letter.delivery_count)
+    try:
+        return decode(app, letter.queue, letter.body, envelope).identity.key
+    except InvalidMessage:
+        return None
+
+
+async def _rows(settings: Settings, app: App | None, letters: list[DeadLetter]) -> list[Row]:
+    keys = [_operation_key(app, letter) for letter in letters]
+    times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+    if settings.database_url is not None and not settings.embedded and any(keys):
+        async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+            times = await failure_times(conn, settings.db_schema, sorted({k for k in keys if k}))
+    rows = []
+    for letter, key in zip(letters, keys, strict=True):
+        first, last = times.get(key or "", (None, None))
+        broker_time = letter.dead_lettered_at
+        rows.append(Row(letter, key, first or broker_time or letter.enqueued_at, broker_time or last))
+    return rows
+
+
+def _json(row: Row, show_body: bool) -> dict[str, Any]:
+    letter = row.letter
+    entry: dict[str, Any] = {
+        "queue": letter.queue, "message_id": letter.message_id, "operation_key": row.operation_key,
+        "reason": letter.reason, "detail": letter.detail, "delivery_count": letter.delivery_count,
+        "first_failure": _iso(row.first_failure), "last_failure": _iso(row.last_failure),
+        "dead_lettered_at": _iso(letter.dead_lettered_at),
+    }
+    if show_body:
+        entry["body"] = letter.body.decode("utf-8", "replace")
+    return entry
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _time(value: dt.datetime | None) -> str:
+    return "-" if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
