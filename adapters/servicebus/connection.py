@@ -39,15 +39,10 @@ class Connection:
         self.namespace = namespace
         self._credential: Any = None
         if namespace.connection_string is not None:
-            self.client = ServiceBusClient.from_connection_string(
-                namespace.connection_string, retry_total=0, client_identifier=name
-            )
+            self.client = ServiceBusClient.from_connection_string(namespace.connection_string, retry_total=0)
         else:
             self._credential = default_credential()
-            self.client = ServiceBusClient(
-                namespace.fully_qualified_namespace, self._credential, retry_total=0,
-                client_identifier=name,
-            )
+            self.client = ServiceBusClient(namespace.fully_qualified_namespace, self._credential, retry_total=0)
         logger.debug("%s client for %s", name, namespace.description)
 
     async def close(self, timeout: float) -> None:
