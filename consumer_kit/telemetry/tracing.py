@@ -233,6 +233,13 @@ def step(name: str, operation_type: str, *, histogram: str | None = None) -> Ite
     ``consumer_kit.handler.duration``. An exception leaves the span with status ERROR and a
     one-line description (never the exception's text), and propagates."""
     started = time.perf_counter()
+    if not trace.get_current_span().is_recording():
+        # Nothing records the delivery's span (no SDK, or not sampled): no child span either.
+        try:
+            yield trace.INVALID_SPAN
+        finally:
+            _record_step(histogram, operation_type, started)
+        return
     with tracer.start_as_current_span(
         name, record_exception=False, set_status_on_exception=False
     ) as span:
@@ -244,10 +251,14 @@ def step(name: str, operation_type: str, *, histogram: str | None = None) -> Ite
                 span.set_attribute("error.type", type(exc).__name__)
             raise
         finally:
-            if histogram == "claim":
-                metrics.record_claim(operation_type, time.perf_counter() - started)
-            elif histogram == "handler":
-                metrics.record_handler(operation_type, time.perf_counter() - started)
+            _record_step(histogram, operation_type, started)
+
+
+def _record_step(histogram: str | None, operation_type: str, started: float) -> None:
+    if histogram == "claim":
+        metrics.record_claim(operation_type, time.perf_counter() - started)
+    elif histogram == "handler":
+        metrics.record_handler(operation_type, time.perf_counter() - started)
 
 
 @contextlib.contextmanager
