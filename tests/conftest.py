@@ -18,6 +18,7 @@ import pytest
 
 from tests.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
 from tests.resilience import renv  # noqa: F401 - fixture: env with per-worker settings and backends
+from tests.telemetry_kit import otel  # noqa: F401 - fixture: the OpenTelemetry SDK, in memory
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"

@@ -23,7 +23,7 @@ from consumer_kit.telemetry.metrics import CATALOGUE, OUTCOME_COUNTERS, QUEUE
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler, InvoiceCreated
 from outbox_relay import Relay, RelaySettings
 from tests.broker_env import Env, command
-from tests.telemetry_kit import Telemetry, otel  # noqa: F401 - fixture
+from tests.telemetry_kit import Telemetry
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 

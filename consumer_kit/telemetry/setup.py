@@ -15,6 +15,7 @@ Needs the ``otel`` extra (``pip install 'consumer-kit[otel]'``).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -107,31 +108,28 @@ def _prometheus(installed: Installed, port: int, addr: str, port_range: int) -> 
 def _otlp_metrics() -> Any:
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    try:
-        if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").startswith("http"):
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # type: ignore[assignment]
-                OTLPMetricExporter,
-            )
-    except ImportError as exc:
-        raise ConfigurationError(f"--otel needs the OTLP exporter: {EXTRA} ({exc})") from None
-    return PeriodicExportingMetricReader(OTLPMetricExporter())
+    return PeriodicExportingMetricReader(_otlp_exporter("metric", "OTLPMetricExporter")())
 
 
 def _otlp_traces(resource: Any) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(_otlp_exporter("trace", "OTLPSpanExporter")()))
+    return provider
+
+
+def _otlp_exporter(kind: str, name: str) -> Any:
+    """The OTLP exporter class ``name`` for ``kind`` (``metric``, ``trace``) over the protocol
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` names (``grpc``, the default, or ``http/protobuf``).
+
+    Raises:
+        ConfigurationError: the OTLP exporter is not installed.
+    """
+    protocol = "http" if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").startswith("http") else "grpc"
     try:
-        if os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc").startswith("http"):
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[assignment]
-                OTLPSpanExporter,
-            )
+        module = importlib.import_module(f"opentelemetry.exporter.otlp.proto.{protocol}.{kind}_exporter")
     except ImportError as exc:
         raise ConfigurationError(f"--otel needs the OTLP exporter: {EXTRA} ({exc})") from None
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
+    return getattr(module, name)
