@@ -27,6 +27,8 @@ class CrashPoint(enum.StrEnum):
     DURING_EXTERNAL_CALL = "during_external_call"  # remote side accepted, reply lost
     AFTER_PUBLISH_BEFORE_MARK = "after_publish_before_mark"  # relay: broker confirmed, row not marked
     BEFORE_ACK = "before_ack"  # any settlement about to happen (duplicates too)
+    # HTTP front door (consumer_kit.http): the request's COMMIT is durable, its response not yet sent
+    AFTER_COMMIT_BEFORE_RESPONSE = "after_commit_before_response"
 
 
 @dataclass
