@@ -122,6 +122,17 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
             $fn$;
         """,
     ),
+    (
+        104,
+        # The relay's claim probes partial indexes in index order only (see outbox_relay.store):
+        # due unkeyed rows get their own index for ordered relaying, and the (partition_key, id)
+        # index no statement uses any more goes (one index fewer to write per row).
+        """
+        CREATE INDEX IF NOT EXISTS outbox_due_unkeyed_idx
+            ON {schema}.outbox (available_at, id) WHERE published_at IS NULL AND partition_key IS NULL;
+        DROP INDEX IF EXISTS {schema}.outbox_pending_partition_idx;
+        """,
+    ),
 ]
 
 

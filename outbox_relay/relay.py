@@ -224,13 +224,13 @@ class Relay:
     # -- the work ------------------------------------------------------------------------------
 
     async def relay_until_idle(self) -> int:
-        """Run passes until a claim comes back empty or a stop is requested; returns rows
-        published."""
+        """Run passes until a claim finds nothing claimable (an empty claim whose windows reached
+        the end, see :meth:`OutboxStore.claim`) or a stop is requested; returns rows published."""
         published = 0
         while not self._stop.is_set():
             claimed, confirmed = await self.relay_batch()
             published += confirmed
-            if claimed == 0:
+            if claimed == 0 and self.store.idle:  # else only the claim's windows were empty
                 break
         return published
 

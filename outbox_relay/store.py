@@ -155,8 +155,19 @@ class OutboxStore:
         self.backoff_max = backoff_max
         self.transient_backoff_max = transient_backoff_max
         table = sql.Identifier(schema, "outbox")
-        self._claim_ordered = _CLAIM.format(table=table, key_is_head=_KEY_IS_HEAD.format(table=table))
-        self._claim_unordered = _CLAIM.format(table=table, key_is_head=sql.SQL("TRUE"))
+        self._claim_ordered = _CLAIM.format(table=table, candidates=_CANDIDATES_ORDERED.format(table=table))
+        self._claim_ordered_from_start = _CLAIM.format(
+            table=table, candidates=_CANDIDATES_ORDERED_FROM_START.format(table=table)
+        )
+        self._claim_unordered = _CLAIM.format(table=table, candidates=_CANDIDATES_UNORDERED.format(table=table))
+        self._after_key: str | None = None  # the claim's rotating cursors (see _KEYS, _IDS)
+        self._after = _FROM_START
+        # Each cursor's lap: "dirty" (a claim found rows since it last started over), "clean"
+        # (no rows found since it started over), "done" (a clean lap reached the end).
+        self._laps = {"keys": "dirty", "ids": "dirty"}
+        self.idle = False
+        """Whether nothing is claimable now: the last claim was empty and both cursors have made
+        a whole lap, start to end, without finding a claimable row."""
         self._mark_published = _MARK_PUBLISHED.format(table=table)
         self._mark_failed = _MARK_FAILED.format(table=table)
         self._release = _RELEASE.format(table=table)
@@ -169,9 +180,21 @@ class OutboxStore:
     async def claim(
         self, conn: AsyncConnection[Any], limit: int, *, ordered: bool = True
     ) -> list[ClaimedRow]:
-        """Claim up to ``limit`` claimable rows (oldest id first) under a lease of
-        ``claim_timeout`` seconds. With ``ordered``, at most the head row of each partition key."""
-        query = self._claim_ordered if ordered else self._claim_unordered
+        """Claim up to ``limit`` claimable rows (oldest id first among the candidates) under a
+        lease of ``claim_timeout`` seconds; returned in id order.
+
+        With ``ordered``, only the head row of each partition key is a candidate. Candidates are
+        the next ``max(4 * limit, 100)`` keys and due rows after this store's rotating cursors,
+        so one claim costs the same whatever the backlog and every row comes round (see
+        ``_KEYS`` and ``_IDS``). An empty result with :attr:`idle` false says only that
+        nothing in these windows was claimable: claim again."""
+        window = max(4 * limit, 100)
+        if not ordered:
+            query = self._claim_unordered
+        elif self._after_key is None:
+            query = self._claim_ordered_from_start
+        else:
+            query = self._claim_ordered
         cur = await conn.execute(
             query,
             {
@@ -179,11 +202,34 @@ class OutboxStore:
                 "lease": self.claim_timeout,
                 "max_attempts": self.max_attempts,
                 "limit": limit,
+                "keys": window,
+                "window": window,
+                "after_key": "" if self._after_key is None else self._after_key,
+                "after_at": self._after[0],
+                "after_id": self._after[1],
             },
         )
-        rows = [ClaimedRow(*row) for row in await cur.fetchall()]
+        records = await cur.fetchall()
+        last_key, more_keys, last_at, last_id, more_ids = records[0][-5:]
+        rows = [ClaimedRow(*record[:-5]) for record in records if record[0] is not None]
+        self._lap("keys", started=self._after_key is None, found=bool(rows), ended=not more_keys)
+        self._lap("ids", started=self._after == _FROM_START, found=bool(rows), ended=not more_ids)
+        self.idle = not rows and self._laps["keys"] == self._laps["ids"] == "done"
+        # Move each cursor past what was visited; start over once the end was reached.
+        self._after_key = last_key if more_keys else None
+        self._after = (last_at, last_id) if more_ids else _FROM_START
         rows.sort(key=lambda r: r.id)
         return rows
+
+    def _lap(self, cursor: str, *, started: bool, found: bool, ended: bool) -> None:
+        state = self._laps[cursor]
+        if found:
+            state = "dirty"
+        elif started and state == "dirty":
+            state = "clean"
+        if ended and state == "clean":
+            state = "done"
+        self._laps[cursor] = state
 
     async def mark_published(self, conn: AsyncConnection[Any], ids: Sequence[int]) -> int:
         """Mark confirmed rows published in one statement; returns rows changed. A row another
@@ -272,38 +318,112 @@ class OutboxStore:
         return {row[0] for row in await cur.fetchall()}
 
 
+_FROM_START = (dt.datetime.min.replace(tzinfo=dt.UTC), 0)
+"""The id cursor's start: before every (available_at, id)."""
+
 # -- statements --------------------------------------------------------------------------------
 
-_KEY_IS_HEAD = sql.SQL(
-    """(o.partition_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {table} AS e
-            WHERE e.partition_key = o.partition_key
-              AND e.published_at IS NULL
-              AND e.commit_seq < o.commit_seq))"""
-)
+# The claim's plan must not depend on statistics: an outbox is a queue table, its statistics are
+# stale more often than not, and a plan that scans every pending row (a bitmap scan and a sort, a
+# hash anti-join) makes each claim cost the whole backlog, so a drain slows quadratically. So
+# every step here is a one-row ``ORDER BY <indexed column> LIMIT 1`` probe of a partial index
+# (a loose index scan, written as a recursive CTE), a plan no row estimate makes dearer:
+#
+# * keys (ordered only): the next ``keys`` partition keys after a rotating key cursor
+#   (``outbox_pending_commit_seq_idx``), and each key's head, its smallest ``commit_seq``;
+# * ids: the next ``window`` due rows in (available_at, id) order after a rotating cursor;
+#   ordered, the unkeyed ones (``outbox_due_unkeyed_idx``), unordered, all
+#   (``outbox_pending_idx``). Rows backing off are not due and a parked row is due at
+#   'infinity', so failing rows are not visited at all.
+#
+# Of those candidates the claimable ones (not leased, not parked) are locked and leased, oldest
+# id first. A claim costs O((keys + window) log n) whatever the backlog, and the cursors start
+# over at the end, so every key and due row comes round: rows in front that cannot be claimed
+# (leased by another relay, a key whose head backs off) cannot starve the ones behind them.
+_KEYS = """
+    keys(partition_key, n) AS (
+        SELECT (SELECT e.partition_key FROM {table} AS e
+                 WHERE e.published_at IS NULL AND e.partition_key {first_key} %(after_key)s
+                 ORDER BY e.partition_key LIMIT 1), 1
+        UNION ALL
+        SELECT (SELECT e.partition_key FROM {table} AS e
+                 WHERE e.published_at IS NULL AND e.partition_key > keys.partition_key
+                 ORDER BY e.partition_key LIMIT 1), keys.n + 1
+          FROM keys WHERE keys.partition_key IS NOT NULL AND keys.n < %(keys)s
+    ),
+    heads AS (
+        SELECT head.id FROM keys CROSS JOIN LATERAL (
+            SELECT e.id FROM {table} AS e
+             WHERE e.partition_key = keys.partition_key AND e.published_at IS NULL
+             ORDER BY e.commit_seq LIMIT 1) AS head
+    ),
+    key_cursor AS (
+        SELECT max(partition_key) AS last, count(partition_key) >= %(keys)s AS more FROM keys
+    ),"""
+
+_NO_KEYS = """
+    heads AS (SELECT NULL::bigint AS id WHERE false),
+    key_cursor AS (SELECT NULL::text AS last, false AS more),"""
+
+_IDS = """
+    ids(available_at, id, n) AS (
+        SELECT first.available_at, first.id, 1 FROM (
+            SELECT e.available_at, e.id FROM {table} AS e
+             WHERE e.published_at IS NULL {unkeyed} AND e.available_at <= now()
+               AND (e.available_at, e.id) > (%(after_at)s, %(after_id)s)
+             ORDER BY e.available_at, e.id LIMIT 1) AS first
+        UNION ALL
+        SELECT next.available_at, next.id, ids.n + 1 FROM ids CROSS JOIN LATERAL (
+            SELECT e.available_at, e.id FROM {table} AS e
+             WHERE e.published_at IS NULL {unkeyed} AND e.available_at <= now()
+               AND (e.available_at, e.id) > (ids.available_at, ids.id)
+             ORDER BY e.available_at, e.id LIMIT 1) AS next
+         WHERE ids.n < %(window)s
+    ),
+    id_cursor AS (
+        SELECT max(available_at) AS last_at, max(id) FILTER (WHERE n = %(window)s) AS last_id,
+               count(*) >= %(window)s AS more FROM ids
+    ),
+    candidates AS (SELECT id FROM heads UNION ALL SELECT id FROM ids)"""
+
+_ORDERED = _KEYS + _IDS.replace("{unkeyed}", "AND e.partition_key IS NULL")
+# From the start of the keys, '' included (a key cursor of '' would skip the key '').
+_CANDIDATES_ORDERED_FROM_START = sql.SQL(_ORDERED.replace("{first_key}", ">="))
+_CANDIDATES_ORDERED = sql.SQL(_ORDERED.replace("{first_key}", ">"))
+_CANDIDATES_UNORDERED = sql.SQL(_NO_KEYS + _IDS.replace("{unkeyed}", ""))
 
 _CLAIM = sql.SQL(
     """
-    WITH picked AS (
-        SELECT o.id, o.claimed_by AS previous_owner
-        FROM {table} AS o
-        WHERE o.published_at IS NULL
-          AND o.attempts < %(max_attempts)s
-          AND o.available_at <= now()
-          AND (o.claimed_until IS NULL OR o.claimed_until < now())
-          AND {key_is_head}
-        ORDER BY o.id
-        LIMIT %(limit)s
-        FOR UPDATE OF o SKIP LOCKED
+    WITH RECURSIVE {candidates},
+    picked AS (
+        -- one primary-key probe per candidate, oldest first, until ``limit`` are locked: a
+        -- join would let stale statistics pick a scan of a whole pending index instead
+        SELECT row.id, row.previous_owner
+          FROM (SELECT DISTINCT id FROM candidates ORDER BY id) AS c
+          CROSS JOIN LATERAL (
+              SELECT o.id, o.claimed_by AS previous_owner
+                FROM {table} AS o
+               WHERE o.id = c.id
+                 AND o.published_at IS NULL
+                 AND o.attempts < %(max_attempts)s
+                 AND o.available_at <= now()
+                 AND (o.claimed_until IS NULL OR o.claimed_until < now())
+                 FOR UPDATE OF o SKIP LOCKED) AS row
+         LIMIT %(limit)s
+    ),
+    claimed AS (
+        UPDATE {table} AS t
+           SET claimed_by = %(relay_id)s,
+               claimed_until = now() + make_interval(secs => %(lease)s)
+          FROM picked
+         WHERE t.id = picked.id
+        RETURNING t.id, t.event_id, t.destination, t.routing_key, t.message_type, t.partition_key,
+                  t.payload::text, t.headers, t.attempts, t.operation_scope, t.operation_key,
+                  t.correlation_id, t.created_at, picked.previous_owner
     )
-    UPDATE {table} AS t
-       SET claimed_by = %(relay_id)s,
-           claimed_until = now() + make_interval(secs => %(lease)s)
-      FROM picked
-     WHERE t.id = picked.id
-    RETURNING t.id, t.event_id, t.destination, t.routing_key, t.message_type, t.partition_key,
-              t.payload::text, t.headers, t.attempts, t.operation_scope, t.operation_key,
-              t.correlation_id, t.created_at, picked.previous_owner
+    SELECT claimed.*, key_cursor.last, key_cursor.more,
+           id_cursor.last_at, id_cursor.last_id, id_cursor.more
+      FROM key_cursor CROSS JOIN id_cursor LEFT JOIN claimed ON true
     """
 )
 
@@ -323,9 +443,14 @@ _MARK_FAILED = sql.SQL(
                            WHEN f.transient THEN least(t.attempts + 1, %(max_attempts)s - 1)
                            ELSE t.attempts + 1 END,
            last_error = f.error,
-           available_at = now() + make_interval(
-               secs => least(CASE WHEN f.transient THEN %(transient_max_delay)s ELSE %(max_delay)s END,
-                             %(base)s * power(2, least(t.attempts, 30)))),
+           -- a parked row is due never (until requeued), so the claim's windows skip it
+           available_at = CASE
+               WHEN f.park OR (NOT f.transient AND t.attempts + 1 >= %(max_attempts)s)
+               THEN 'infinity'::timestamptz
+               ELSE now() + make_interval(
+                   secs => least(CASE WHEN f.transient THEN %(transient_max_delay)s
+                                      ELSE %(max_delay)s END,
+                                 %(base)s * power(2, least(t.attempts, 30)))) END,
            claimed_by = NULL,
            claimed_until = NULL
       FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[],

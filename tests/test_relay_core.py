@@ -511,6 +511,41 @@ async def test_claims_skip_rows_leased_by_a_live_relay_and_take_over_expired_one
             assert {r.previous_owner for r in taken} == {"A"}
 
 
+async def test_claims_reach_every_row_past_a_window_of_blocked_ones(database_url: str) -> None:
+    """A claim looks at a bounded window after rotating cursors (its cost must not grow with the
+    backlog), so rows blocked in front (backed off, leased) must not hide the rows behind them:
+    every key, the key '' included, and every unkeyed row comes round within a few claims."""
+    async with throwaway_schema(database_url) as schema:
+        async with await connect(database_url) as conn:
+            table = sql.Identifier(schema, "outbox")
+            # 300 blocked rows first (backed off an hour), 300 keyed and unkeyed rows behind them
+            await write_events(conn, schema, [Event("d", partition_key=f"blocked-{i:03}")
+                                              for i in range(150)]
+                               + [Event("d") for _ in range(150)])
+            await conn.execute(sql.SQL(
+                "UPDATE {} SET available_at = now() + interval '1 hour'").format(table))
+            behind = [Event("d", partition_key=f"k-{i:03}") for i in range(149)]
+            behind += [Event("d", partition_key="")] + [Event("d") for _ in range(150)]
+            await write_events(conn, schema, behind)
+            for ordered in (True, False):
+                store = OutboxStore(schema, relay_id=f"R{ordered}", max_attempts=5,
+                                    claim_timeout=30, backoff_base=1, backoff_max=1)
+                claimed: set[uuid.UUID] = set()
+                # 300 claimable rows, 10 a claim, each claim sees a window of 100 keys and rows;
+                # claim as the relay does: until a claim is empty and its windows reached the end
+                for claims in itertools.count(1):
+                    got = await store.claim(conn, 10, ordered=ordered)
+                    claimed |= {r.event_id for r in got}
+                    if store.idle:
+                        break
+                    assert claims < 100, "the claims never reached the end"
+                missing = [e.partition_key for e in behind if e.event_id not in claimed]
+                assert not missing, (ordered, missing[:10])
+                assert len(claimed) == len(behind)
+                await conn.execute(sql.SQL(
+                    "UPDATE {} SET claimed_by = NULL, claimed_until = NULL").format(table))
+
+
 def test_relay_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     from outbox_relay.settings import RelaySettings
 
