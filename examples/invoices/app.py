@@ -54,6 +54,11 @@ class CreateInvoiceHandler(Handler[CreateInvoice]):
     fingerprint_exclude: ClassVar[set[str]] = {"requested_at"}  # a resend's new timestamp is not a new intent
 
     def operation_key(self, message: CreateInvoice, envelope: Envelope) -> str:
+        # A command from the HTTP front door (api.py) carries its Idempotency-Key as header
+        # operation-id: the same operation, one key end to end. Others: from the body.
+        from_header = envelope.operation_id
+        if isinstance(from_header, str) and from_header:
+            return from_header
         return f"order-{message.order_id}-rev-{message.revision}"
 
     async def handle(self, message: CreateInvoice, ctx: Context) -> Result:

@@ -1,0 +1,435 @@
+"""One idempotent request, step by step: the HTTP twin of :mod:`consumer_kit.runtime`.
+
+``RequestPipeline.respond`` is the whole protocol of draft-ietf-httpapi-idempotency-key-header-07
+("the draft") and reads as the numbered steps:
+
+1. key: the ``Idempotency-Key`` field is parsed and checked against the published format before
+   any lookup (section 2.1, section 5): missing or malformed, ``400``;
+2. client: the API's ``client`` function authenticates the request and names its client (what it
+   raises, e.g. a ``401``, passes through: nothing was looked up or stored);
+3. fingerprint of the route's intent projection (section 2.4): a body without one meaning, ``400``;
+   the scope is client + method + route template + API version (section 5);
+4. BEGIN; claim (scope, key) with ``INSERT ... ON CONFLICT DO NOTHING``. A concurrent request of
+   the same key waits on the unique index until the first one's transaction ends, at most
+   ``lock_timeout``: then ``409`` with ``Retry-After`` (section 2.6 "Concurrent Request");
+5. an existing row decides (section 2.6, 2.7): another fingerprint, ``422``; completed or failed,
+   its stored response is replayed with ``Idempotent-Replayed: true``; anything else, ``409``;
+6. SAVEPOINT, then the endpoint runs inside the transaction:
+
+   - a response below 400: the ledger row is completed with the stored response and the
+     endpoint's outbox events, in one statement;
+   - a response of 400 or more: a rejection before the operation was accepted: ROLLBACK (the
+     claim too), the response goes out as it is, nothing is stored (fix and retry, same key);
+   - :class:`~consumer_kit.PermanentFailure` (or :class:`OperationFailed`): ROLLBACK TO SAVEPOINT
+     (the endpoint's writes and events go, the claim stays) and the row becomes ``failed`` with
+     its problem response, replayed to every retry;
+   - any other exception: ROLLBACK, nothing stored, re-raised (the framework answers 500); a
+     retry with the key runs the endpoint again;
+
+7. COMMIT (with the session reset), then the response. A crash between the two leaves the
+   completed row: the retry gets the replay (crash point ``after_commit_before_response``);
+8. a fault of the database (unreachable, read-only, pool exhausted, a statement or the endpoint
+   over its time, lock contention): ROLLBACK, ``503`` with ``Retry-After``, nothing stored. A COMMIT
+   without a reply is ``503`` too: the retry reads the truth from the ledger (replay or run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool
+from starlette.requests import Request
+from starlette.responses import Response
+
+from consumer_kit import crashpoints
+from consumer_kit import ledger as ledger_states
+from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.database import bounded
+from consumer_kit.errors import PermanentFailure
+from consumer_kit.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.http.intent import InvalidBody, RequestIntent
+from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
+from consumer_kit.http.operation import Operation, serving, stop_serving
+from consumer_kit.http.policy import IdempotencyPolicy
+from consumer_kit.http.problems import (
+    INVALID_BODY,
+    KEY_REUSED,
+    MALFORMED_KEY,
+    MISSING_KEY,
+    NEEDS_RECONCILIATION,
+    OPERATION_FAILED,
+    REQUEST_OUTSTANDING,
+    RESPONSE_EXPIRED,
+    RESPONSE_NOT_STORABLE,
+    TRY_AGAIN,
+    OperationFailed,
+    ProblemType,
+    problem_response,
+)
+from consumer_kit.http.scope import request_identity, route_template
+from consumer_kit.http.stored import (
+    MAX_STORED_BODY_BYTES,
+    REPLAYED_HEADER,
+    ResponseNotStorable,
+    StoredResponse,
+)
+from consumer_kit.identity import OperationIdentity
+from consumer_kit.ledger import Fence, Ledger, OperationRow
+from consumer_kit.ledger.failures import ClaimedFailures
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import describe_error
+from consumer_kit.transaction import (
+    CommitUncertain,
+    HandlerTimeout,
+    StaleConnection,
+    TransactionEnded,
+    begin,
+    commit,
+    commit_forbidden,
+    ensure_transaction_open,
+    ensure_transaction_usable,
+    rollback,
+    within_handler_timeout,
+)
+
+logger = logging.getLogger("consumer_kit.http")
+
+ClientOf = Callable[[Request], "str | Awaitable[str]"]
+"""The API's authentication: the request's client (or tenant) id, or an exception (e.g.
+``HTTPException(401)``) that the framework answers."""
+
+_SAVEPOINT = b"SAVEPOINT consumer_kit_endpoint"
+_ROLLBACK_TO_SAVEPOINT = b"ROLLBACK TO SAVEPOINT consumer_kit_endpoint"
+# A stored failure keeps its problem's link and no-store header besides the policy's own.
+_FAILURE_HEADERS = frozenset({"link", "cache-control"})
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """One idempotent endpoint's settings: its ``intent`` projection and, optionally, the
+    ``operation_type`` of its scope instead of ``"<METHOD> <route template>"``."""
+
+    intent: RequestIntent
+    operation_type: str | None = None
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The parts of a request its fingerprint is made of."""
+
+    body: bytes
+    content_type: str | None
+    path_params: Mapping[str, Any]
+    query_items: list[tuple[str, str]]
+
+    def fingerprint(self, intent: RequestIntent) -> str:
+        return intent.fingerprint(
+            body=self.body, content_type=self.content_type, path_params=self.path_params,
+            query_items=self.query_items,
+        )
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the transaction decided: the ``response``, whether to COMMIT, whether the endpoint
+    ran to a stored outcome (``executed``)."""
+
+    response: Response
+    commit: bool
+    executed: bool = False
+
+
+class _ClaimBusy(Exception):
+    """The claim waited on a concurrent request of the same key for longer than lock_timeout."""
+
+
+def key_digest(key: str) -> str:
+    """The first 16 hex digits of SHA-256 of an idempotency key: what logs carry instead of it."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+class RequestPipeline:
+    """Serves idempotent requests on the ledger of ``settings.db_schema``.
+
+    Args:
+        pool: an ``autocommit`` pool (:func:`consumer_kit.database.open_pool`): its
+            ``lock_timeout`` bounds the wait on a concurrent request of the same key.
+        settings: ``statement_timeout`` (each statement of consumer-kit's own and the COMMIT),
+            ``lock_timeout``, ``handler_timeout`` (the endpoint), ``lease_seconds``, ``db_schema``.
+        policy: the API's published rules.
+        client: the API's authentication (:data:`ClientOf`).
+        worker_id: written as the claim's owner (``ledger show`` names it).
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        settings: Settings,
+        policy: IdempotencyPolicy,
+        client: ClientOf,
+        *,
+        worker_id: str,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.policy = policy
+        self.client = client
+        self.worker_id = worker_id
+        self.ledger = Ledger(settings.db_schema)
+        self.failures = ClaimedFailures(settings.db_schema)
+
+    async def respond(
+        self, request: Request, endpoint: EndpointSpec, call: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        """Answer ``request`` (steps in the module docstring); ``call`` runs the endpoint.
+
+        Raises:
+            Exception: what the client function or the endpoint raised, after the rollback.
+        """
+        try:  # step 1
+            key = idempotency_key(request.headers.getlist(IDEMPOTENCY_KEY_HEADER), self.policy.key_format)
+        except KeyRefused as refused:
+            return self._problem(MISSING_KEY if isinstance(refused, MissingKey) else MALFORMED_KEY, refused.detail)
+        client = await self._client_of(request)  # step 2
+        parts = _Request(
+            await request.body(), request.headers.get("content-type"), dict(request.path_params),
+            list(request.query_params.multi_items()),
+        )
+        try:  # step 3
+            fingerprint = parts.fingerprint(endpoint.intent)
+        except InvalidBody as exc:
+            return self._problem(INVALID_BODY, exc.detail)
+        identity = request_identity(
+            client=client, method=request.method, template=route_template(request),
+            api_version=self.policy.api_version, key=key, fingerprint=fingerprint,
+            projection_version=endpoint.intent.version, operation_type=endpoint.operation_type,
+        )
+        try:
+            return await self._transaction(identity, client, endpoint, parts, call)
+        except _ClaimBusy:
+            logger.info("request outstanding scope=%s key_digest=%s: 409", identity.scope, key_digest(key))
+            return self._problem(
+                REQUEST_OUTSTANDING,
+                "a request with this Idempotency-Key is being processed; retry after the time in Retry-After",
+                retry_after=self.policy.retry_after,
+            )
+        except ResponseNotStorable as exc:
+            logger.error(
+                "response not storable scope=%s key_digest=%s: %s (rolled back)", identity.scope, key_digest(key), exc
+            )
+            return self._problem(RESPONSE_NOT_STORABLE, "the operation was rolled back: nothing happened")
+        except TransactionEnded as exc:
+            return await self._park(identity, exc)
+        except CommitUncertain as exc:
+            return self._try_again(identity, "the outcome is unknown (the COMMIT had no reply)", exc)
+        except HandlerTimeout as exc:
+            return self._try_again(identity, "the operation ran over its time and was rolled back", exc)
+        except Exception as exc:
+            if classify(exc) in (FaultKind.ENVIRONMENT, FaultKind.CONTENTION):
+                return self._try_again(identity, "the database is unavailable or busy; nothing happened", exc)
+            raise
+
+    # -- steps 4 to 7 ----------------------------------------------------------------------------
+
+    async def _transaction(
+        self,
+        identity: OperationIdentity,
+        client: str,
+        endpoint: EndpointSpec,
+        parts: _Request,
+        call: Callable[[], Awaitable[Response]],
+    ) -> Response:
+        """BEGIN, claim and run, COMMIT with the session reset (or ROLLBACK); the crash point
+        between the COMMIT and the response."""
+        timeout = self.settings.statement_timeout
+        for _ in range(self.pool.max_size + 1):
+            async with self.pool.connection() as conn:
+                try:
+                    await begin(conn, timeout)
+                except StaleConnection:
+                    continue  # a connection that died in the pool: not this request's fault
+                try:
+                    answer = await self._claim_and_run(conn, identity, client, endpoint, parts, call)
+                except BaseException:
+                    await rollback(conn, timeout)
+                    raise
+                if answer.commit:
+                    await commit(conn, timeout, reset=True)
+                else:
+                    await rollback(conn, timeout)
+                break
+        else:
+            raise StatementTimeout("no live pooled connection")
+        if answer.executed:
+            crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_RESPONSE)
+            logger.debug("committed scope=%s key_digest=%s", identity.scope, key_digest(identity.key))
+        return answer.response
+
+    async def _claim_and_run(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        identity: OperationIdentity,
+        client: str,
+        endpoint: EndpointSpec,
+        parts: _Request,
+        call: Callable[[], Awaitable[Response]],
+    ) -> _Answer:
+        try:  # step 4: may wait lock_timeout on a concurrent request of the key, then must answer
+            async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
+                claim = await self.ledger.claim(
+                    conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
+                    message_id=None, retention=self.policy.retention,
+                )
+        except pg_errors.LockNotAvailable as exc:
+            raise _ClaimBusy from exc
+        if not claim.claimed:  # step 5
+            return _Answer(self._answer_existing(claim.row, identity, endpoint, parts), commit=False)
+        assert claim.xid is not None  # the claim inserted: the transaction has an id
+        await conn.execute(_SAVEPOINT)
+        operation = Operation(conn, identity, client)
+        token = serving(operation)
+        try:  # step 6
+            try:
+                with commit_forbidden(conn):
+                    try:
+                        response = await within_handler_timeout(call(), self.settings.handler_timeout)
+                    finally:
+                        operation.seal()
+            finally:
+                ensure_transaction_open(conn)
+        except PermanentFailure as failure:
+            return await self._record_failure(conn, identity, claim.xid, failure)
+        finally:
+            stop_serving(token)
+        ensure_transaction_usable(conn)
+        if response.status_code >= 400:
+            logger.info(
+                "rejected scope=%s key_digest=%s status=%s: rolled back, not stored",
+                identity.scope, key_digest(identity.key), response.status_code,
+            )
+            return _Answer(response, commit=False)
+        stored = StoredResponse.of(
+            response, header_names=self.policy.header_names, max_body_bytes=self.policy.max_stored_body_bytes
+        )
+        async with bounded(self.settings.statement_timeout, "the ledger completion"):
+            completed = await self.ledger.complete(
+                conn, identity, stored.result(), fence=Fence.of_transaction(claim.xid), events=operation.events
+            )
+        if not completed:
+            raise TransactionEnded("the endpoint ended the request's transaction and began another")
+        return _Answer(response, commit=True, executed=True)
+
+    async def _record_failure(
+        self, conn: psycopg.AsyncConnection[Any], identity: OperationIdentity, xid: str, failure: PermanentFailure
+    ) -> _Answer:
+        """Roll the endpoint's work back to the savepoint and record the failure with its problem
+        response, in the claiming transaction."""
+        await conn.execute(_ROLLBACK_TO_SAVEPOINT)
+        status = failure.status if isinstance(failure, OperationFailed) else OPERATION_FAILED.status
+        problem = self._problem(
+            OPERATION_FAILED, failure.detail or failure.code, status=status, extensions={"code": failure.code}
+        )
+        stored = StoredResponse.of(
+            problem, header_names=self.policy.header_names | _FAILURE_HEADERS, max_body_bytes=MAX_STORED_BODY_BYTES
+        )
+        async with bounded(self.settings.statement_timeout, "recording the failure"):
+            recorded = await self.failures.fail_claimed(
+                conn, identity, xid=xid, code=failure.code, error_class=type(failure).__name__,
+                detail=failure.detail, body=stored.encoded(),
+            )
+        if not recorded:
+            raise TransactionEnded("the endpoint ended the request's transaction and began another")
+        logger.info("failed scope=%s key_digest=%s code=%s: recorded", identity.scope, key_digest(identity.key), failure.code)
+        return _Answer(problem, commit=True, executed=True)
+
+    def _answer_existing(
+        self, row: OperationRow | None, identity: OperationIdentity, endpoint: EndpointSpec, parts: _Request
+    ) -> Response:
+        """Decide for a key that already has a ledger row (step 5)."""
+        digest = key_digest(identity.key)
+        if row is None:  # deleted by retention between the claim's two reads: try again
+            return self._problem(REQUEST_OUTSTANDING, "the key's record changed; retry", retry_after=self.policy.retry_after)
+        if row.fingerprint != identity.fingerprint and not self._same_intent(row, endpoint, parts):
+            logger.info("key reused scope=%s key_digest=%s: 422", identity.scope, digest)
+            return self._problem(
+                KEY_REUSED,
+                "this Idempotency-Key was used with another request payload; a key must not be reused "
+                "across different payloads of this operation",
+            )
+        if row.state in (ledger_states.COMPLETED, ledger_states.FAILED):
+            stored = StoredResponse.decoded(row.result_body)
+            logger.debug("replay scope=%s key_digest=%s state=%s", identity.scope, digest, row.state)
+            if stored is None:
+                return self._problem(
+                    RESPONSE_EXPIRED,
+                    f"the operation finished ({row.state}, status {row.result_status}) and was not run again; "
+                    "its stored response is past its retention",
+                    headers={REPLAYED_HEADER: "true"},
+                )
+            return stored.replay()
+        if row.state == ledger_states.PROCESSING and row.lease_live:
+            return self._problem(
+                REQUEST_OUTSTANDING, "a request with this Idempotency-Key is being processed",
+                retry_after=self.policy.retry_after,
+            )
+        logger.warning("operation needs reconciliation scope=%s key_digest=%s state=%s", identity.scope, digest, row.state)
+        return self._problem(
+            NEEDS_RECONCILIATION,
+            "the outcome of the first request with this key is being reconciled by an operator; it will not run again",
+        )
+
+    def _same_intent(self, row: OperationRow, endpoint: EndpointSpec, parts: _Request) -> bool:
+        """The stored fingerprint was made under another projection version the route still
+        declares, and this request has the same intent under it."""
+        if row.projection_version == endpoint.intent.version:
+            return False
+        earlier = endpoint.intent.under(row.projection_version)
+        if earlier is None:
+            return False
+        try:
+            return parts.fingerprint(earlier) == row.fingerprint
+        except InvalidBody:
+            return False
+
+    # -- step 8 and helpers ----------------------------------------------------------------------
+
+    async def _client_of(self, request: Request) -> str:
+        client = self.client(request)
+        if inspect.isawaitable(client):
+            client = await client
+        return client
+
+    async def _park(self, identity: OperationIdentity, exc: TransactionEnded) -> Response:
+        """The endpoint committed or rolled back the request's transaction itself: part of its
+        effect may be durable without the ledger's completion. Park the key; never re-run it."""
+        logger.error(
+            "scope=%s key_digest=%s: %s; parked as needs_reconciliation", identity.scope, key_digest(identity.key), exc
+        )
+        async with bounded(self.settings.statement_timeout, "parking"), self.pool.connection() as conn:
+            await self.ledger.park(
+                conn, identity, message_id=None, error_class=TransactionEnded.__name__, detail=str(exc)
+            )
+        return self._problem(
+            NEEDS_RECONCILIATION,
+            "the endpoint ended its own transaction; the operation awaits an operator and will not run again",
+            status=500,
+        )
+
+    def _try_again(self, identity: OperationIdentity, detail: str, exc: BaseException) -> Response:
+        logger.warning(
+            "try again scope=%s key_digest=%s: %s (%s)", identity.scope, key_digest(identity.key), detail,
+            describe_error(exc),
+        )
+        return self._problem(
+            TRY_AGAIN, f"{detail}; retry with the same Idempotency-Key", retry_after=self.policy.retry_after
+        )
+
+    def _problem(self, kind: ProblemType, detail: str, **options: Any) -> Response:
+        return problem_response(kind, self.policy.docs_url, detail, **options)
