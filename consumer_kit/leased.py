@@ -108,6 +108,7 @@ class LeasedPath:
                 lambda conn: self.ledger.claim(
                     conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
                     message_id=envelope.message_id, retention=decoded.handler.retention,
+                    watch=True,
                 ),
                 "the claim",
             )

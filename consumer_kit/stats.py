@@ -48,7 +48,8 @@ _LEDGER_PRESSURE = """
            count(*) FILTER (WHERE state = 'needs_reconciliation'),
            extract(epoch FROM now() - min(updated_at) FILTER (WHERE state = 'needs_reconciliation'))
       FROM {operations}
-     WHERE (state = 'processing' AND lease_expires_at <= now()) OR state = 'needs_reconciliation'
+     WHERE watch_since IS NOT NULL  -- the rows that can be stuck or parked (ledger migration 5)
+       AND ((state = 'processing' AND lease_expires_at <= now()) OR state = 'needs_reconciliation')
      GROUP BY operation_type
 """
 

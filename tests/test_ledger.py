@@ -149,3 +149,29 @@ async def test_the_lease_fence_refuses_another_owner_or_attempt_and_take_over_is
     assert await _state(ledger, conn) == ("needs_reconciliation", None)
     (record,) = await evidence.fetch(conn, IDENTITY.scope, IDENTITY.key)
     assert (record.name, record.attempt, record.worker, record.facts) == ("send", 2, "w2", {"x": 2})
+
+
+@pytest.mark.parametrize("partitions", [None, 4])
+async def test_the_transactional_completion_is_a_hot_update(database_url: str, partitions) -> None:
+    """No index may cover a column the completion changes (ledger migration 5): a claim then its
+    completion in one transaction updates the row in place (HOT), on a plain and on a
+    partitioned ledger. Counted by PostgreSQL for the current transaction."""
+    async with throwaway_schema(database_url, example_tables=False, partitions=partitions) as schema:
+        ledger = Ledger(schema)
+        tables = ["operations"] if partitions is None else [f"operations_p{r}" for r in range(partitions)]
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            for i in range(300):
+                identity = OperationIdentity("t", "invoice.create", 1, f"order-{i}", "f" * 64, 1)
+                claim = await ledger.claim(conn, identity, owner="w1", lease_seconds=30, message_id=f"m{i}")
+                assert claim.claimed and claim.xid is not None
+                assert await ledger.complete(conn, identity, StoredResult("created", str(i), {"n": i}),
+                                             fence=Fence.of_transaction(claim.xid))
+            cur = await conn.execute(
+                "SELECT sum(pg_stat_get_xact_tuples_updated(c.oid)),"
+                "       sum(pg_stat_get_xact_tuples_hot_updated(c.oid))"
+                "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = %s AND c.relname = ANY(%s)", (schema, tables))
+            updated, hot = await cur.fetchone()
+            await conn.rollback()
+    assert updated == 300
+    assert hot == updated, f"only {hot} of {updated} completions were HOT updates"

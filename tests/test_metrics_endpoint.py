@@ -22,16 +22,20 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 SCRIPT = """
+    -- rows as the leased path leaves them: claimed under a lease or parked, so watched
     INSERT INTO operations (scope, key, tenant, operation_type, fingerprint, projection_version, state,
-                            lease_owner, lease_expires_at, updated_at)
+                            lease_owner, lease_expires_at, updated_at, watch_since)
     VALUES ('default/invoice.create/v1', 'stuck-1', 'default', 'invoice.create', 'f', 1, 'processing',
-            'dead-worker', now() - interval '90 seconds', now() - interval '95 seconds'),
+            'dead-worker', now() - interval '90 seconds', now() - interval '95 seconds',
+            now() - interval '95 seconds'),
            ('default/invoice.create/v1', 'stuck-2', 'default', 'invoice.create', 'f', 1, 'processing',
-            'dead-worker', now() - interval '30 seconds', now() - interval '35 seconds'),
+            'dead-worker', now() - interval '30 seconds', now() - interval '35 seconds',
+            now() - interval '35 seconds'),
            ('default/invoice.create/v1', 'live-1', 'default', 'invoice.create', 'f', 1, 'processing',
-            'live-worker', now() + interval '1 hour', now()),
+            'live-worker', now() + interval '1 hour', now(), now()),
            ('default/email.send/v1', 'parked-1', 'default', 'email.send', 'f', 1,
-            'needs_reconciliation', NULL, NULL, now() - interval '600 seconds');
+            'needs_reconciliation', NULL, NULL, now() - interval '600 seconds',
+            now() - interval '600 seconds');
     INSERT INTO outbox (event_id, destination, message_type, payload, attempts, created_at, available_at)
     SELECT gen_random_uuid(), 'billing.events', 'InvoiceCreated', '{}', 1,
            now() - interval '120 seconds', now() + interval '1 hour'

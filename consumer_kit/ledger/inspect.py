@@ -28,8 +28,12 @@ _SUMMARY_COLUMNS = """
 _LIST = """
     SELECT {columns} FROM {table}
      WHERE state = %(state)s AND updated_at <= now() - make_interval(secs => %(older_than)s)
+       {watched}
      ORDER BY updated_at LIMIT %(limit)s
 """
+# Processing and parked rows visible to others are the watched ones (migration 5): read them
+# through the small watch index, not the whole ledger.
+_WATCHED_STATES = (PROCESSING, NEEDS_RECONCILIATION)
 
 _SHOW = "SELECT {columns}, fingerprint, projection_version, result_reference{body} FROM {table} WHERE scope = %s AND key = %s"
 
@@ -38,7 +42,7 @@ _SHOW = "SELECT {columns}, fingerprint, projection_version, result_reference{bod
 _RESOLVE = """
     UPDATE {table} SET state = %(state)s, result_status = coalesce(result_status, %(status)s),
            lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), completed_at = now(),
-           resolved_by = %(by)s, resolved_at = now(), resolution_note = %(note)s
+           watch_since = NULL, resolved_by = %(by)s, resolved_at = now(), resolution_note = %(note)s
      WHERE scope = %(scope)s AND key = %(key)s
        AND (state = 'needs_reconciliation'
             OR (state = 'processing' AND (lease_expires_at IS NULL OR lease_expires_at <= now())))
@@ -101,7 +105,10 @@ class LedgerInspector:
         """
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
-        query = sql.SQL(_LIST).format(columns=sql.SQL(_SUMMARY_COLUMNS), table=self._table)
+        watched = "AND watch_since IS NOT NULL" if state in _WATCHED_STATES else ""
+        query = sql.SQL(_LIST).format(
+            columns=sql.SQL(_SUMMARY_COLUMNS), table=self._table, watched=sql.SQL(watched)
+        )
         async with conn.cursor(row_factory=dict_row) as cur:
             await cur.execute(query, {"state": state, "older_than": older_than, "limit": limit})
             return [OperationSummary(**row) for row in await cur.fetchall()]

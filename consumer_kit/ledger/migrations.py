@@ -108,6 +108,37 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
             ON {schema}.operations (key_expires_at) WHERE key_expires_at IS NOT NULL;
         """,
     ),
+    (
+        5,
+        # The completion must be a HOT update (no index entry written, no index to bloat): no
+        # index may cover a column it changes, and a partial index's predicate counts. So the two
+        # indexes on state went, and the rows an operator may need to look at carry
+        # ``watch_since`` instead: set by a committed leased claim and by parking, cleared when
+        # such a row ends; the transactional path never sets it (its claim is not visible until
+        # its completion commits), so its completion leaves it NULL and stays HOT.
+        """
+        ALTER TABLE {schema}.operations ADD COLUMN IF NOT EXISTS watch_since timestamptz;
+        UPDATE {schema}.operations SET watch_since = updated_at
+         WHERE state IN ('processing', 'needs_reconciliation') AND watch_since IS NULL;
+        CREATE INDEX IF NOT EXISTS operations_watch_idx
+            ON {schema}.operations (watch_since) WHERE watch_since IS NOT NULL;
+        DROP INDEX IF EXISTS {schema}.operations_open_leases_idx;
+        DROP INDEX IF EXISTS {schema}.operations_needs_reconciliation_idx;
+        -- and room in the page for the completed version: inserts leave 10% of each page free
+        -- (on each partition of a partitioned ledger; the parent takes no storage parameters)
+        DO $ff$
+        DECLARE part regclass;
+        BEGIN
+            FOR part IN SELECT c.oid::regclass FROM pg_class AS c
+                         WHERE c.relnamespace = '{schema}'::regnamespace AND c.relkind = 'r'
+                           AND (c.relname = 'operations' OR c.relname ~ '^operations_p[0-9]+$')
+            LOOP
+                EXECUTE format('ALTER TABLE %s SET (fillfactor = 90)', part);
+            END LOOP;
+        END
+        $ff$;
+        """,
+    ),
 ]
 
 

@@ -61,12 +61,13 @@ _TERMINAL_UPSERT = sql.SQL(
     """
     INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint, projection_version,
         state, attempts, message_id, result_status, error_class, error_detail, completed_at,
-        body_expires_at, key_expires_at)
+        body_expires_at, key_expires_at, watch_since)
     VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
         %(projection_version)s, {state}, 1, %(message_id)s, %(code)s, %(error_class)s, %(detail)s,
         CASE WHEN {state} = 'failed' THEN now() END,
-        now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s))
-    ON CONFLICT (scope, key) DO UPDATE SET state = EXCLUDED.state,
+        now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s),
+        CASE WHEN {state} = 'needs_reconciliation' THEN now() END)
+    ON CONFLICT (scope, key) DO UPDATE SET state = EXCLUDED.state, watch_since = EXCLUDED.watch_since,
            result_status = coalesce(EXCLUDED.result_status, o.result_status),
            error_class = EXCLUDED.error_class, error_detail = EXCLUDED.error_detail,
            lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
@@ -165,11 +166,12 @@ class Ledger:
             WITH claimed AS (
                 INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
                     projection_version, state, attempts, lease_owner, lease_expires_at, message_id,
-                    body_expires_at, key_expires_at)
+                    body_expires_at, key_expires_at, watch_since)
                 VALUES (%(scope)s, %(key)s, %(tenant)s, %(operation_type)s, %(fingerprint)s,
                     %(projection_version)s, 'processing', 1, %(owner)s,
                     now() + make_interval(secs => %(lease)s), %(message_id)s,
-                    now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s))
+                    now() + make_interval(secs => %(body_keep)s), now() + make_interval(secs => %(key_keep)s),
+                    CASE WHEN %(watch)s THEN now() END)
                 ON CONFLICT (scope, key) DO NOTHING
                 RETURNING true AS claimed, pg_current_xact_id_if_assigned()::text AS xid, {columns}
             )
@@ -190,7 +192,8 @@ class Ledger:
             """
             UPDATE {table} SET state = 'completed', result_status = %(status)s,
                    result_reference = %(reference)s, result_body = %(body)s, lease_owner = NULL,
-                   lease_expires_at = NULL, updated_at = now(), completed_at = now()
+                   lease_expires_at = NULL, updated_at = now(), completed_at = now(),
+                   watch_since = NULL
              WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
             """
         )
@@ -218,7 +221,8 @@ class Ledger:
             """
             UPDATE {table} SET lease_owner = %(owner)s,
                    lease_expires_at = now() + make_interval(secs => %(lease)s),
-                   attempts = attempts + 1, updated_at = now()
+                   attempts = attempts + 1, updated_at = now(),
+                   watch_since = coalesce(watch_since, now())
              WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing'
                AND attempts = %(attempt)s AND lease_owner IS NOT DISTINCT FROM %(expected_owner)s
                AND (lease_expires_at IS NULL OR lease_expires_at <= now())
@@ -244,7 +248,8 @@ class Ledger:
             """
             UPDATE {table} SET state = %(state)s, result_status = %(code)s, error_class = %(error_class)s,
                    error_detail = %(detail)s, lease_owner = NULL, lease_expires_at = NULL,
-                   updated_at = now(), completed_at = CASE WHEN %(state)s = 'failed' THEN now() END
+                   updated_at = now(), completed_at = CASE WHEN %(state)s = 'failed' THEN now() END,
+                   watch_since = CASE WHEN %(state)s = 'needs_reconciliation' THEN now() END
              WHERE scope = %(scope)s AND key = %(key)s AND state = 'processing' AND {fence}
             """
         ).format(table=table, fence=lease_fence))
@@ -258,13 +263,16 @@ class Ledger:
         lease_seconds: float,
         message_id: str | None,
         retention: Retention = KEEP,
+        watch: bool = False,
     ) -> Claim:
         """Atomically claim ``identity`` in the caller's transaction (the leased path runs it as a
         transaction of its own, committed at once).
 
         Returns a :class:`Claim`: ``claimed`` when this transaction inserted the row (it owns the
         operation: until COMMIT, or under its lease), else the existing row; ``row`` is ``None``
-        only if it vanished between the two reads (retention), and the caller retries.
+        only if it vanished between the two reads (retention), and the caller retries. With
+        ``watch`` (a claim committed on its own, under a lease), the row is watched by the stuck
+        and reconciliation queries (``watch_since``) until it ends.
 
         Raises:
             psycopg.errors.LockNotAvailable: a concurrent claimer held the key past ``lock_timeout``.
@@ -279,6 +287,7 @@ class Ledger:
             "owner": owner,
             "lease": lease_seconds,
             "message_id": message_id,
+            "watch": watch,
             **retention.params(),
         }
         async with conn.cursor(row_factory=dict_row) as cur:
