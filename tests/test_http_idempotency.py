@@ -321,6 +321,21 @@ async def test_a_replay_after_the_response_expired_is_410_and_never_runs_again(a
     assert len(await effects(api)) == 1
 
 
+async def test_contention_in_the_endpoint_is_503_with_retry_after_and_nothing_stored(
+    api: Api, database_url: str
+) -> None:
+    key = new_key()
+    async with serving(database_url, api.schema, lock_timeout=0.2) as impatient:
+        async with table_locked(database_url, api.schema):
+            busy = await impatient.post(key)  # its INSERT gives up after lock_timeout: contention
+    problem = assert_problem(busy, 503, "try-again")
+    assert busy.headers["retry-after"] == "1" and "same Idempotency-Key" in problem["detail"]
+    assert await api.rows("SELECT 1 FROM operations") == [] and await effects(api) == []
+    retry = await api.post(key)
+    assert retry.status_code == 202 and not replayed(retry)
+    assert len(await effects(api)) == 1
+
+
 # -- crash between COMMIT and the response (crash-point kit) ---------------------------------------
 
 
