@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumer_kit.http.intent import InvalidBody, RequestIntent
+from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import (
     UUID_KEYS,
     KeyFormat,
@@ -74,9 +74,7 @@ def test_fingerprint_is_canonical_and_ignores_volatile_fields() -> None:
     intent = RequestIntent(exclude=frozenset({"requested_at", "meta.trace"}))
 
     def fp(body: bytes, query: list[tuple[str, str]] | None = None) -> str:
-        return intent.fingerprint(
-            body=body, content_type="application/json", path_params={"id": 7}, query_items=query or []
-        )
+        return intent.fingerprint(RequestParts(body, "application/json", {"id": 7}, query or []))
 
     base = fp(b'{"amount": 10, "requested_at": "2026-01-01", "meta": {"trace": "a", "k": 1}}')
     assert fp(b'{"meta": {"k": 1.0, "trace": "b"}, "amount": 10.0, "requested_at": "2031-05-01"}') == base

@@ -20,7 +20,7 @@ type) is fingerprinted as its bytes.
 from __future__ import annotations
 
 import email.message
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,17 @@ class InvalidBody(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+@dataclass(frozen=True)
+class RequestParts:
+    """The parts of a request its intent is made of: the ``body`` (bytes), its ``content_type``,
+    the ``path_params`` and the ``query_items`` ((name, value) pairs in request order)."""
+
+    body: bytes
+    content_type: str | None
+    path_params: Mapping[str, Any]
+    query_items: Sequence[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -75,44 +86,27 @@ class RequestIntent:
             return self
         return (self.earlier or {}).get(version)
 
-    def projection(
-        self,
-        *,
-        body: bytes,
-        content_type: str | None,
-        path_params: Mapping[str, Any],
-        query_items: Iterable[tuple[str, str]],
-    ) -> dict[str, Any]:
-        """The intent projection of a request (shape in the module docstring).
+    def projection(self, request: RequestParts) -> dict[str, Any]:
+        """The intent projection of ``request`` (shape in the module docstring).
 
         Raises:
             InvalidBody: a JSON body that :func:`consumer_kit.strict_json.loads` refuses.
         """
         return {
-            "body": self._body(body, content_type),
-            "path": dict(path_params),
-            "query": self._query(query_items),
+            "body": self._body(request.body, request.content_type),
+            "path": dict(request.path_params),
+            "query": self._query(request.query_items),
         }
 
-    def fingerprint(
-        self,
-        *,
-        body: bytes,
-        content_type: str | None,
-        path_params: Mapping[str, Any],
-        query_items: Iterable[tuple[str, str]],
-    ) -> str:
+    def fingerprint(self, request: RequestParts) -> str:
         """SHA-256 (hex, 64 characters) of the canonical JSON of :meth:`projection`.
 
         Raises:
             InvalidBody: the body has no single meaning (strict JSON, or a number the fingerprint
                 cannot compare by value).
         """
-        projected = self.projection(
-            body=body, content_type=content_type, path_params=path_params, query_items=query_items
-        )
         try:
-            return fingerprint_of(projected)
+            return fingerprint_of(self.projection(request))
         except UnsupportedNumber as exc:
             raise InvalidBody(f"a number the fingerprint cannot compare by value: {exc}") from None
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded
 from consumer_kit.errors import PermanentFailure
 from consumer_kit.faults import FaultKind, StatementTimeout, classify
-from consumer_kit.http.intent import InvalidBody, RequestIntent
+from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
 from consumer_kit.http.operation import Operation, serving, stop_serving
 from consumer_kit.http.policy import IdempotencyPolicy
@@ -121,22 +121,6 @@ class EndpointSpec:
 
 
 @dataclass(frozen=True)
-class _Request:
-    """The parts of a request its fingerprint is made of."""
-
-    body: bytes
-    content_type: str | None
-    path_params: Mapping[str, Any]
-    query_items: list[tuple[str, str]]
-
-    def fingerprint(self, intent: RequestIntent) -> str:
-        return intent.fingerprint(
-            body=self.body, content_type=self.content_type, path_params=self.path_params,
-            query_items=self.query_items,
-        )
-
-
-@dataclass(frozen=True)
 class _Answer:
     """What the transaction decided: the ``response``, whether to COMMIT, whether the endpoint
     ran to a stored outcome (``executed``)."""
@@ -198,12 +182,12 @@ class RequestPipeline:
         except KeyRefused as refused:
             return self._problem(MISSING_KEY if isinstance(refused, MissingKey) else MALFORMED_KEY, refused.detail)
         client = await self._client_of(request)  # step 2
-        parts = _Request(
+        parts = RequestParts(
             await request.body(), request.headers.get("content-type"), dict(request.path_params),
-            list(request.query_params.multi_items()),
+            request.query_params.multi_items(),
         )
         try:  # step 3
-            fingerprint = parts.fingerprint(endpoint.intent)
+            fingerprint = endpoint.intent.fingerprint(parts)
         except InvalidBody as exc:
             return self._problem(INVALID_BODY, exc.detail)
         identity = request_identity(
@@ -243,7 +227,7 @@ class RequestPipeline:
         identity: OperationIdentity,
         client: str,
         endpoint: EndpointSpec,
-        parts: _Request,
+        parts: RequestParts,
         call: Callable[[], Awaitable[Response]],
     ) -> Response:
         """BEGIN, claim and run, COMMIT with the session reset (or ROLLBACK); the crash point
@@ -278,7 +262,7 @@ class RequestPipeline:
         identity: OperationIdentity,
         client: str,
         endpoint: EndpointSpec,
-        parts: _Request,
+        parts: RequestParts,
         call: Callable[[], Awaitable[Response]],
     ) -> _Answer:
         try:  # step 4: may wait lock_timeout on a concurrent request of the key, then must answer
@@ -350,7 +334,7 @@ class RequestPipeline:
         return _Answer(problem, commit=True, executed=True)
 
     def _answer_existing(
-        self, row: OperationRow | None, identity: OperationIdentity, endpoint: EndpointSpec, parts: _Request
+        self, row: OperationRow | None, identity: OperationIdentity, endpoint: EndpointSpec, parts: RequestParts
     ) -> Response:
         """Decide for a key that already has a ledger row (step 5)."""
         digest = key_digest(identity.key)
@@ -385,7 +369,7 @@ class RequestPipeline:
             "the outcome of the first request with this key is being reconciled by an operator; it will not run again",
         )
 
-    def _same_intent(self, row: OperationRow, endpoint: EndpointSpec, parts: _Request) -> bool:
+    def _same_intent(self, row: OperationRow, endpoint: EndpointSpec, parts: RequestParts) -> bool:
         """The stored fingerprint was made under another projection version the route still
         declares, and this request has the same intent under it."""
         if row.projection_version == endpoint.intent.version:
@@ -394,7 +378,7 @@ class RequestPipeline:
         if earlier is None:
             return False
         try:
-            return parts.fingerprint(earlier) == row.fingerprint
+            return earlier.fingerprint(parts) == row.fingerprint
         except InvalidBody:
             return False
 
