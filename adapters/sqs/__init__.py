@@ -20,6 +20,7 @@ module            job
 ``subscription``  one queue's long-poll loop; broker duplicates
 ``consumer``      :class:`SQSConsumer`: subscriptions, pause and resume, close
 ``publisher``     :class:`SQSPublisher`: the relay's ``SendMessageBatch``
+``dead_letters``  :class:`SQSDeadLetters`: list and redrive a work queue's DLQ (``consumer-kit dlq``)
 ================  ==================================================================================
 
 Mapping of the broker contract (``consumer_kit.broker``):
@@ -51,7 +52,7 @@ crash), nothing more. It does not stop a redelivery (a lapsed lock, a failed del
 after 5 minutes; the ledger answers those as duplicates.
 
 Entry points (``consumer_kit.brokers``, scheme ``sqs``): :func:`consumer_from_settings`,
-:func:`publisher_from_settings`.
+:func:`publisher_from_settings`, :func:`dead_letters_from_settings`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from adapters.sqs.attributes import (
 from adapters.sqs.client import SQSClient
 from adapters.sqs.config import SQSConfig
 from adapters.sqs.consumer import SQSConsumer
+from adapters.sqs.dead_letters import SQSDeadLetters
 from adapters.sqs.delivery import SQSDelivery
 from adapters.sqs.publisher import SQSPublisher
 from adapters.sqs.queues import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
@@ -86,11 +88,13 @@ __all__ = [
     "SQSClient",
     "SQSConfig",
     "SQSConsumer",
+    "SQSDeadLetters",
     "SQSDelivery",
     "SQSPublisher",
     "attributes_for",
     "consumer_from_settings",
     "dead_letter_name",
+    "dead_letters_from_settings",
     "headers_of",
     "publisher_from_settings",
     "recommended_max_receive_count",
@@ -123,3 +127,13 @@ def publisher_from_settings(settings: Any) -> SQSPublisher:
         ConfigurationError: the ``sqs://`` URL is invalid.
     """
     return SQSPublisher(SQSConfig.from_url(settings.broker_url))
+
+
+def dead_letters_from_settings(settings: Any) -> SQSDeadLetters:
+    """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
+    ``settings.broker_url`` (``consumer-kit dlq``; :mod:`adapters.sqs.dead_letters`).
+
+    Raises:
+        ConfigurationError: the ``sqs://`` URL is invalid.
+    """
+    return SQSDeadLetters(SQSConfig.from_url(settings.broker_url))

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from consumer_kit.broker import Consumer, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues, Publisher
 from consumer_kit.settings import Settings
 
 
@@ -82,6 +82,13 @@ class Driver(abc.ABC):
     @abc.abstractmethod
     async def depth(self) -> int:
         """Messages on the work queue not yet settled (ready, delayed or held)."""
+
+    def dead_letter_queues(self, settings: Settings) -> DeadLetterQueues:
+        """The adapter's :class:`DeadLetterQueues` for ``settings`` (``consumer-kit dlq``); the
+        base class itself where the adapter provides none (every method: "not supported")."""
+        from consumer_kit.brokers import open_dead_letters
+
+        return open_dead_letters(settings)
 
     async def outlive_lock(self, consumer: Consumer) -> None:
         """Called by a handler: return once the delivery's lock is gone (by default: waited out)."""

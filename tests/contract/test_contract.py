@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from consumer_kit import Outcome, RetryableError, crashpoints
-from consumer_kit.broker import OutgoingMessage, PublishError, Settlement
+from consumer_kit.broker import DeadLetterQueues, OutgoingMessage, PublishError, Settlement
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.handler import Context
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
@@ -244,6 +244,43 @@ async def test_shutdown_gives_deliveries_back_without_counting_them(contract: Co
     assert (again.redelivered, again.delivery_count) == (False, 1)
     assert await contract.rows("SELECT count(*) FROM attempts") == [(0,)]
     assert await contract.driver.depth() == 0
+
+
+async def test_dead_letters_are_listed_counted_and_redriven_once(contract: Contract) -> None:
+    driver = contract.driver
+    dead = driver.dead_letter_queues(contract.settings())
+    try:
+        if type(dead) is DeadLetterQueues:
+            pytest.skip(f"{driver.name}: the adapter provides no DeadLetterQueues (dead_letters_from_settings) yet")
+        async with contract.worker(FailingHandler(), max_deliveries=1):
+            ids = [await driver.send(command(order_id=n)) for n in (1, 2, 3)]  # three poison messages
+            poisoned = await contract.reports_until(lambda seen: len(seen) == 3)
+        assert {r.outcome for r in poisoned} == {Outcome.DEAD_LETTERED}
+        await wait_until(lambda: _equals(dead.count(driver.queue), 3))
+
+        letters = await dead.peek(driver.queue)
+        assert sorted(d.message_id or "" for d in letters) == sorted(ids)
+        assert {(d.queue, d.reason) for d in letters} == {(driver.queue, "max_deliveries_exceeded:RetryableError")}
+        assert all("attempt 1 of 1" in d.detail and d.delivery_count == 1 for d in letters)
+        await wait_until(lambda: _equals(dead.count(driver.queue), 3))  # a peek removes nothing
+
+        first, done, kept = ids
+        async with contract.worker():  # the cause is fixed; order 2 completes from a fresh copy
+            await driver.send(command(order_id=2))
+            assert (await contract.next_report()).outcome is Outcome.EXECUTED
+            report = await dead.redrive(driver.queue, lambda d: d.message_id != kept)
+            assert (report.redriven, report.kept, report.failed) == (2, 1, 0)
+            redriven = await contract.reports_until(lambda seen: len(seen) == 2)
+        assert {(r.message_id, r.outcome) for r in redriven} == {
+            (first, Outcome.EXECUTED), (done, Outcome.DUPLICATE),
+        }
+        assert all(r.delivery_count == 1 and not r.redelivered for r in redriven)  # counting starts again
+        assert await contract.rows("SELECT order_id FROM invoices ORDER BY order_id") == [(1,), (2,)]
+        await wait_until(lambda: _equals(dead.count(driver.queue), 1))
+        assert [d.message_id for d in await dead.peek(driver.queue)] == [kept]
+        assert await driver.depth() == 0
+    finally:
+        await dead.close()
 
 
 async def _equals(value: Any, expected: Any) -> bool:

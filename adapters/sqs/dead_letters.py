@@ -1,0 +1,340 @@
+"""Listing and redriving a work queue's dead-letter queue (``consumer-kit dlq``; contract:
+:class:`consumer_kit.broker.DeadLetterQueues`).
+
+**Which queue.** The work queue's ``RedrivePolicy`` ``deadLetterTargetArn``, else ``<name>-dlq``:
+the queue :class:`~adapters.sqs.delivery.SQSDelivery` dead-letters to
+(:meth:`~adapters.sqs.queues.QueueDirectory.dead_letter_queue`). A dead-letter queue may serve
+several work queues; only the dead letters of the queue asked for are listed and redriven (by
+``x-original-queue``, or SQS's ``DeadLetterQueueSourceArn`` for a message SQS moved itself); the
+others are left alone.
+
+**Count**: ``ApproximateNumberOfMessages`` of the whole dead-letter queue (approximate: SQS may
+lag by a minute; messages held by a peek or redrive in progress are not counted).
+
+**Peek.** SQS has no peek: ``ReceiveMessage`` hides each message for :data:`HOLD_SECONDS`
+(long polls of 1 s, so that every SQS server is asked), and once the pass ends
+``ChangeMessageVisibilityBatch`` makes all of them visible again. Caveats: every peek adds one to
+each message's ``ApproximateReceiveCount`` (a dead-letter queue that itself has a redrive policy
+moves messages on); a peek that dies leaves its messages hidden for up to :data:`HOLD_SECONDS`;
+while one pass holds messages another sees fewer; a standard queue has no order, so with more
+dead letters than ``limit`` the ones listed are not necessarily the oldest (they are sorted by
+their time); a FIFO queue hands out nothing more of a message group while some of it is held, so
+a pass sees at most one receive's worth of each group.
+
+**Redrive** (copy, then delete): each selected message is sent to the work queue with the same
+body, ``x-consumer-kit-message-id`` (so the same message id; SQS's own ``MessageId`` for a
+message SQS moved) and operation attributes, without the dead-letter attributes and without
+``x-consumer-kit-deliveries`` (its delivery count starts again), plus ``x-consumer-kit-redriven``
+= the reason it had. Only after ``SendMessage`` succeeded is it deleted from the dead-letter
+queue: **at least once** — a crash (or a failed delete) in between leaves it in both queues, and a
+second redrive sends it again, which the ledger answers as a duplicate. On a FIFO work queue the
+copy keeps its ``MessageGroupId`` and gets ``MessageDeduplicationId`` = ``<dead letter's SQS
+MessageId>-redrive`` (SQS drops a second copy within 5 minutes). Messages not selected, and
+those whose copy SQS refused, are held until the pass ends and then made visible again. Messages
+that reach the dead-letter queue after the redrive started (``SentTimestamp``) are not looked at,
+so a message that fails again at once is not redriven twice in one pass.
+
+**Not StartMessageMoveTask.** SQS's own redrive (``StartMessageMoveTask``) moves every message
+of the dead-letter queue as it is: it cannot select by reason or key, keeps the dead-letter and
+delivery-count attributes (the delivery count would not start again), only serves queues that
+are registered as dead-letter queues of their source, and moto does not implement it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from adapters.sqs.attributes import (
+    DEAD_LETTER_DETAIL_ATTRIBUTE,
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    DELIVERIES_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    ORIGINAL_QUEUE_ATTRIBUTE,
+    PACKED_ATTRIBUTE,
+    REDELIVERED_ATTRIBUTE,
+    fit,
+    headers_of,
+)
+from adapters.sqs.client import SQSClient
+from adapters.sqs.config import SQSConfig
+from adapters.sqs.delivery import DEFAULT_GROUP
+from adapters.sqs.errors import describe, is_unreachable
+from adapters.sqs.queues import QueueDirectory, QueueInfo, sqs_queue_name
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
+from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+HOLD_SECONDS = 120
+"""Visibility timeout of the messages a peek or redrive receives (made visible again at its end)."""
+
+POLL_SECONDS = 1
+"""``WaitTimeSeconds`` of each receive: a long poll asks every SQS server; an empty one ends a pass."""
+
+REDRIVEN_ATTRIBUTE = "x-consumer-kit-redriven"
+"""On a redriven copy: the dead-letter reason it had (for the record; the runtime ignores it)."""
+
+BROKER_REASON = "broker:maxReceiveCount"
+"""The reason of a message SQS moved itself (its redrive policy's ``maxReceiveCount``)."""
+
+_DROPPED = frozenset({
+    DEAD_LETTER_REASON_ATTRIBUTE, DEAD_LETTER_DETAIL_ATTRIBUTE, ORIGINAL_QUEUE_ATTRIBUTE,
+    DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE, REDRIVEN_ATTRIBUTE,
+})
+_NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
+_SYSTEM = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "DeadLetterQueueSourceArn"]
+
+
+@dataclass
+class _Pass:
+    """One pass over a dead-letter queue: what it saw and what it holds (to make visible again)."""
+
+    seen: set[str] = field(default_factory=set)
+    held: list[str] = field(default_factory=list)
+
+
+class SQSDeadLetters(DeadLetterQueues):
+    """The dead-letter queues of the work queues at an ``sqs://`` endpoint (module docstring).
+
+    Args:
+        config: the parsed ``sqs://`` URL.
+        client: an :class:`~adapters.sqs.client.SQSClient` to use (tests); default: its own.
+    """
+
+    def __init__(self, config: SQSConfig, *, client: SQSClient | None = None) -> None:
+        self._owns_client = client is None
+        self.client = client or SQSClient(config, threads=2, pollers=0)
+        self._directory = QueueDirectory(self.client, account_id=config.account_id)
+
+    async def count(self, queue: str) -> int:
+        _, dlq = await self._queues(queue)
+        reply = await self._call("get_queue_attributes", QueueUrl=dlq.url,
+                                 AttributeNames=["ApproximateNumberOfMessages"])
+        return int(reply.get("Attributes", {}).get("ApproximateNumberOfMessages", 0))
+
+    async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+        work, dlq = await self._queues(queue)
+        found: list[DeadLetter] = []
+        run = _Pass()
+        try:
+            while len(found) < limit:
+                batch = await self._receive(dlq, run, min(10, limit - len(found)))
+                if batch is None:
+                    break
+                run.held += [str(raw["ReceiptHandle"]) for raw in batch]
+                found += [letter for raw in batch if (letter := dead_letter_of(raw, queue, work)) is not None]
+        finally:
+            await self._make_visible(dlq, run)
+        return sorted(found, key=_time_of)
+
+    async def redrive(
+        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
+        progress: RedriveProgress | None = None,
+    ) -> RedriveReport:
+        work, dlq = await self._queues(queue)
+        started_ms = int(time.time() * 1000)
+        report = RedriveReport()
+        run = _Pass()
+        try:
+            while (batch := await self._receive(dlq, run, 10)) is not None:
+                for raw in batch:
+                    letter = dead_letter_of(raw, queue, work)
+                    if letter is None or _sent_ms(raw) > started_ms:  # another queue's, or arrived since
+                        run.held.append(str(raw["ReceiptHandle"]))
+                        continue
+                    moved = select(letter)
+                    if moved and not dry_run:
+                        moved = await self._send_back(work, dlq, raw, letter, report)
+                        gone = moved  # sent back and deleted; else held, left in the DLQ
+                    else:
+                        report.redriven += 1 if moved else 0
+                        report.kept += 0 if moved else 1
+                        gone = False
+                    if not gone:
+                        run.held.append(str(raw["ReceiptHandle"]))
+                    if progress is not None:
+                        progress(letter, moved)
+        finally:
+            await self._make_visible(dlq, run)
+        return report
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.client.close()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _send_back(
+        self, work: QueueInfo, dlq: QueueInfo, raw: Mapping[str, Any], letter: DeadLetter, report: RedriveReport,
+    ) -> bool:
+        """Copy one dead letter to ``work``, then delete it from ``dlq``; ``False`` (counted as
+        failed, left in the dead-letter queue) when the copy does not fit or SQS refuses it."""
+        body = str(raw.get("Body", ""))
+        headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED}
+        headers[MESSAGE_ID_ATTRIBUTE] = letter.message_id
+        headers[REDRIVEN_ATTRIBUTE] = letter.reason[:200]
+        try:
+            attributes, _ = fit(body, headers, work.max_message_size, droppable=(REDRIVEN_ATTRIBUTE,))
+        except ValueError as exc:
+            return self._failed(report, letter, work, str(exc))
+        params: dict[str, Any] = {"QueueUrl": work.url, "MessageBody": body, "MessageAttributes": attributes}
+        if work.fifo:
+            params["MessageGroupId"] = raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP
+            params["MessageDeduplicationId"] = f"{raw['MessageId']}-redrive"
+        try:
+            await self.client.call("send_message", **params)
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            return self._failed(report, letter, work, describe(exc))
+        report.redriven += 1
+        try:  # only now: a crash before this line leaves a copy in both queues (a duplicate)
+            await self.client.call("delete_message", QueueUrl=dlq.url, ReceiptHandle=raw["ReceiptHandle"])
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            logger.warning(
+                "redriven message_id=%s to %s but could not delete it from %s (%s): it stays there "
+                "too; redriving it again is answered as a duplicate",
+                letter.message_id, work.name, dlq.name, describe(exc),
+            )
+        return True
+
+    @staticmethod
+    def _failed(report: RedriveReport, letter: DeadLetter, work: QueueInfo, why: str) -> bool:
+        report.failed += 1
+        logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
+                       letter.message_id, work.name, why)
+        return False
+
+    async def _receive(self, dlq: QueueInfo, run: _Pass, most: int) -> list[dict[str, Any]] | None:
+        """The next messages of ``dlq`` not seen in this pass (each now held), or ``None`` when the
+        pass is over: nothing came, or only messages it had seen (their hold lapsed)."""
+        reply = await self._call(
+            "receive_message", QueueUrl=dlq.url, MaxNumberOfMessages=most, WaitTimeSeconds=POLL_SECONDS,
+            VisibilityTimeout=HOLD_SECONDS, MessageAttributeNames=["All"], MessageSystemAttributeNames=_SYSTEM,
+        )
+        fresh = []
+        for raw in reply.get("Messages", []):
+            if raw["MessageId"] in run.seen:
+                run.held.append(str(raw["ReceiptHandle"]))
+                continue
+            run.seen.add(raw["MessageId"])
+            fresh.append(raw)
+        return fresh or None
+
+    async def _make_visible(self, dlq: QueueInfo, run: _Pass) -> None:
+        """``ChangeMessageVisibilityBatch(0)`` for every message the pass still holds. A stale
+        receipt handle (the hold lapsed, or the message is gone) needs nothing."""
+        for start in range(0, len(run.held), 10):
+            entries = [{"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+                       for i, handle in enumerate(run.held[start:start + 10])]
+            try:
+                reply = await self.client.call("change_message_visibility_batch", QueueUrl=dlq.url, Entries=entries)
+            except Exception as exc:  # noqa: BLE001 - they become visible when the hold lapses
+                logger.warning("could not make %s held message(s) of %s visible again (%s): they "
+                               "are hidden for up to %s s", len(entries), dlq.name, describe(exc), HOLD_SECONDS)
+                continue
+            for failed in reply.get("Failed", []):
+                logger.debug("visibility of a held message of %s not changed: %s", dlq.name, failed.get("Code"))
+        run.held.clear()
+
+    async def _queues(self, queue: str) -> tuple[QueueInfo, QueueInfo]:
+        try:
+            work = await self._directory.lookup(queue)
+            return work, await self._directory.dead_letter_queue(work)
+        except LookupError as exc:
+            raise ConfigurationError(f"{exc} (is {queue!r} a work queue?)") from None
+        except ClientError as exc:
+            raise ConfigurationError(f"SQS refused to describe {queue!r}: {describe(exc)}") from exc
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            raise
+
+    async def _call(self, operation: str, **params: Any) -> dict[str, Any]:
+        try:
+            return await self.client.call(operation, **params)
+        except ClientError as exc:
+            raise ConfigurationError(f"SQS refused {operation}: {describe(exc)}") from exc
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            raise
+
+
+def dead_letter_of(raw: Mapping[str, Any], queue: str, work: QueueInfo) -> DeadLetter | None:
+    """What ``consumer-kit dlq list`` shows of one message of ``work``'s dead-letter queue, or
+    ``None`` when it is another work queue's (``x-original-queue``, or ``DeadLetterQueueSourceArn``
+    for a message SQS moved).
+
+    consumer-kit's copies carry ``x-dead-letter-reason``/``-detail``, ``x-original-queue`` and
+    ``x-consumer-kit-deliveries``; their ``SentTimestamp`` is the dead-letter time. A message SQS
+    moved itself has reason :data:`BROKER_REASON`, ``maxReceiveCount`` (plus the deliveries of
+    earlier copies) as its delivery count, and its original ``SentTimestamp`` (standard queues
+    keep it) as the enqueue time.
+    """
+    system = raw.get("Attributes", {})
+    headers = headers_of(raw.get("MessageAttributes"))
+    origin = _text(headers.get(ORIGINAL_QUEUE_ATTRIBUTE))
+    source_arn = _text(system.get("DeadLetterQueueSourceArn"))
+    if (origin and _queue_name(origin) != work.name) or (source_arn and work.arn and source_arn != work.arn):
+        return None
+    reason = _text(headers.get(DEAD_LETTER_REASON_ATTRIBUTE))
+    sent = _sent_ms(raw)
+    at = dt.datetime.fromtimestamp(sent / 1000, dt.UTC) if sent else None
+    earlier = _int(headers.get(DELIVERIES_ATTRIBUTE))
+    broker_count = work.redrive.max_receive_count if work.redrive else 0
+    return DeadLetter(
+        queue=queue,
+        message_id=_text(headers.get(MESSAGE_ID_ATTRIBUTE)) or str(raw["MessageId"]),
+        reason=reason or BROKER_REASON,
+        detail=_text(headers.get(DEAD_LETTER_DETAIL_ATTRIBUTE)),
+        delivery_count=earlier if reason else earlier + broker_count,
+        dead_lettered_at=at if reason else None,
+        enqueued_at=None if reason else at,
+        operation_key=_text(headers.get(OPERATION_ID_HEADER)) or None,
+        headers=headers,
+        body=str(raw.get("Body", "")).encode("utf-8"),
+    )
+
+
+def _time_of(letter: DeadLetter) -> dt.datetime:
+    return letter.dead_lettered_at or letter.enqueued_at or _NEVER
+
+
+def _queue_name(target: str) -> str:
+    """The SQS queue name a consumer-kit queue name, URL or ARN stands for."""
+    if target.startswith(("https://", "http://")):
+        return target.rstrip("/").rsplit("/", 1)[-1]
+    if target.startswith("arn:"):
+        return target.rsplit(":", 1)[-1]
+    try:
+        return sqs_queue_name(target)
+    except ConfigurationError:
+        return target
+
+
+def _sent_ms(raw: Mapping[str, Any]) -> int:
+    return _int(raw.get("Attributes", {}).get("SentTimestamp"))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(_text(value)))
+    except ValueError:
+        return 0
