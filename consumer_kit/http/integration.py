@@ -13,8 +13,8 @@ protocol (:mod:`consumer_kit.http.pipeline`) around it::
 FastAPI: the same decorator marks the endpoint; the router's ``route_class=IdempotentRoute``
 (:mod:`consumer_kit.http.fastapi_route`) runs the protocol around FastAPI's own handler, so the
 stored response is the one FastAPI serialised, and request validation, which runs inside, is never
-stored. The endpoint gets its :class:`~consumer_kit.http.Operation` with
-``Depends(current_operation)``.
+stored. The endpoint gets its :class:`~consumer_kit.http.Operation` as a parameter
+``op: CurrentOperation`` (``Annotated[Operation, Depends(current_operation)]``).
 """
 
 from __future__ import annotations
