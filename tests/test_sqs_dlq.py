@@ -120,6 +120,14 @@ async def test_redrive_of_50_dead_letters_executes_the_rest_once_and_answers_the
     assert await driver.depth() == 0
 
 
+async def test_a_queue_that_does_not_exist_is_a_user_error(sqs_endpoint: str, unique_name: str) -> None:  # noqa: F811
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["dlq", "list", f"{unique_name}.nope"], env={
+        "CONSUMER_KIT_BROKER_URL": sqs_url(sqs_endpoint),
+    })
+    assert result.exit_code == 2, result.output
+    assert f"no SQS queue '{unique_name}.nope'" in result.output and "Traceback" not in result.output
+
+
 # -- SQS's own -----------------------------------------------------------------------------------
 
 

@@ -31,8 +31,9 @@ second redrive sends it again, which the ledger answers as a duplicate. On a FIF
 copy keeps its ``MessageGroupId`` and gets ``MessageDeduplicationId`` = ``<dead letter's SQS
 MessageId>-redrive`` (SQS drops a second copy within 5 minutes). Messages not selected, and
 those whose copy SQS refused, are held until the pass ends and then made visible again. Messages
-that reach the dead-letter queue after the redrive started (``SentTimestamp``) are not looked at,
-so a message that fails again at once is not redriven twice in one pass.
+that reach the dead-letter queue after the redrive started (``SentTimestamp`` against this host's
+clock: a skew moves that line by as much) are not looked at, so a message that fails again at once
+is not redriven twice in one pass.
 
 **Not StartMessageMoveTask.** SQS's own redrive (``StartMessageMoveTask``) moves every message
 of the dead-letter queue as it is: it cannot select by reason or key, keeps the dead-letter and
