@@ -212,21 +212,17 @@ def pending_event(
 
 def events_cte(schema: str) -> sql.Composed:
     """``events AS (INSERT INTO <schema>.outbox ... RETURNING 1)``: a WITH item that writes the
-    ``%(ev_*)s`` arrays of :func:`events_params` in publish order, for a statement that also
-    completes the ledger row (one round trip for both). PostgreSQL runs a data-modifying WITH item
-    to completion whether or not the main statement reads it."""
+    events of :func:`events_params` in publish order, for a statement that also completes the
+    ledger row (one round trip for both). PostgreSQL runs a data-modifying WITH item to
+    completion whether or not the main statement reads it."""
     return sql.SQL(
         """
         events AS (
             INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
                                  payload, headers, operation_scope, operation_key, correlation_id)
-            SELECT e.event_id, e.destination, e.routing_key, e.message_type, e.partition_key,
-                   e.payload::jsonb, e.headers::jsonb, %(ev_scope)s, %(ev_key)s, %(ev_correlation)s
-              FROM unnest(%(ev_ids)s::uuid[], %(ev_destinations)s::text[], %(ev_routing_keys)s::text[],
-                          %(ev_types)s::text[], %(ev_partitions)s::text[], %(ev_payloads)s::text[],
-                          %(ev_headers)s::text[])
-                   WITH ORDINALITY AS e(event_id, destination, routing_key, message_type,
-                                        partition_key, payload, headers, position)
+            SELECT (e.doc ->> 'i')::uuid, e.doc ->> 'd', e.doc ->> 'r', e.doc ->> 't', e.doc ->> 'p',
+                   e.doc -> 'b', e.doc -> 'h', %(ev_scope)s, %(ev_key)s, %(ev_correlation)s
+              FROM jsonb_array_elements(%(ev_docs)s::text::jsonb) WITH ORDINALITY AS e(doc, position)
              ORDER BY e.position
             RETURNING 1
         )
@@ -237,19 +233,24 @@ def events_cte(schema: str) -> sql.Composed:
 def events_params(
     events: Sequence[PendingEvent], operation: OperationIdentity, correlation_id: str | None
 ) -> dict[str, Any]:
-    """The parameters :func:`events_cte` reads."""
+    """The parameters :func:`events_cte` reads: the events as one JSON array (one parameter to
+    convert, whatever the number of events; payload and headers are JSON text already)."""
+    docs = ",".join(
+        f'{{"i":"{e.event_id}","d":{_json_text(e.destination)},"r":{_json_text(e.routing_key)},'
+        f'"t":{_json_text(e.message_type)},"p":{_json_text(e.partition_key)},'
+        f'"b":{e.payload},"h":{e.headers}}}'
+        for e in events
+    )
     return {
-        "ev_ids": [e.event_id for e in events],
-        "ev_destinations": [e.destination for e in events],
-        "ev_routing_keys": [e.routing_key for e in events],
-        "ev_types": [e.message_type for e in events],
-        "ev_partitions": [e.partition_key for e in events],
-        "ev_payloads": [e.payload for e in events],
-        "ev_headers": [e.headers for e in events],
+        "ev_docs": f"[{docs}]",
         "ev_scope": operation.scope,
         "ev_key": operation.key,
         "ev_correlation": correlation_id,
     }
+
+
+_json_text = json.JSONEncoder(ensure_ascii=False).encode
+"""A str (or None) as a JSON value."""
 
 
 class OutboxWriter:

@@ -82,7 +82,7 @@ from consumer_kit.transaction import (
     CommitUncertain,
     StaleConnection,
     TransactionEnded,
-    begin,
+    begin_with,
     commit,
     commit_forbidden,
     ensure_transaction_open,
@@ -412,9 +412,9 @@ class Runtime:
     async def _transaction(
         self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
     ) -> Decision:
-        """BEGIN, claim and run, COMMIT with the session reset; ROLLBACK on any exception."""
+        """BEGIN and claim (one round trip), run, COMMIT with the session reset; ROLLBACK on any
+        exception."""
         timeout = self.settings.statement_timeout
-        await begin(conn, timeout)
         try:
             decision = await self._claim_and_run(conn, decoded, envelope)
         except BaseException:
@@ -443,10 +443,10 @@ class Runtime:
             # The claim may wait lock_timeout on a concurrent claimer, then must answer.
             with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
                 async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
-                    claim = await self.ledger.claim(
+                    claim = await begin_with(conn, lambda: self.ledger.claim(
                         conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
                         message_id=envelope.message_id, retention=decoded.handler.retention,
-                    )
+                    ))
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the
             # handler (on a business row) is contention.

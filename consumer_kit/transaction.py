@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import psycopg
@@ -53,6 +53,24 @@ async def begin(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
     try:
         async with bounded(timeout, "BEGIN"):
             await conn.execute(BEGIN)
+    except psycopg.OperationalError as exc:
+        if conn.broken:
+            raise StaleConnection from exc
+        raise
+
+
+async def begin_with(conn: psycopg.AsyncConnection[Any], first: Callable[[], Awaitable[T]]) -> T:
+    """BEGIN and the transaction's first statement (``first()``) in one round trip (a libpq
+    pipeline); returns what ``first`` returns. The caller bounds it and rolls back on an error.
+
+    Raises:
+        StaleConnection: the pooled connection was dead (nothing of this transaction committed).
+        psycopg.Error: the server refused BEGIN or the statement.
+    """
+    try:
+        async with conn.pipeline():
+            await conn.execute(BEGIN)
+            return await first()
     except psycopg.OperationalError as exc:
         if conn.broken:
             raise StaleConnection from exc
