@@ -39,6 +39,7 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 KEYS = 1000
 SINK_MAX_LENGTH = 10_000
-PROBES = 3
+PROBES = 2
 EXCHANGE = "ckb.drain"
 
 SIZES = {"smoke": [2_000], "quick": [10_000, 30_000, 100_000], "full": [10_000, 100_000, 1_000_000]}
@@ -189,38 +190,55 @@ def staleness(conn: psycopg.Connection[Any], schema: str, pending: int) -> dict[
             "autoanalyzed": row[4], "planner_pending_estimate": estimate, "pending_actual": pending}
 
 
-async def probe_claims(db_url: str, schema: str, *, ordered: bool, batch: int) -> dict[str, Any]:
-    """Time ``PROBES`` claims of ``batch`` rows from a fresh cursor (each in a transaction that is
-    rolled back, so the backlog is untouched) and EXPLAIN one of them."""
-    from outbox_relay.store import _FROM_START, OutboxStore
+PROBE_TIMEOUT_MS = 5_000
 
-    times: list[float] = []
+
+async def probe_claims(db_url: str, schema: str, *, ordered: bool, batch: int,
+                       pgoptions: str | None = None) -> dict[str, Any]:
+    """Time ``PROBES`` claims of ``batch`` rows from a fresh cursor: the relay's claim statement
+    with the planner settings the store gives it (``_PLAN_BY_INDEX_ORDER``, when it has them) in
+    a session like the relay's (``pgoptions``), each in a transaction that is rolled back so the
+    backlog is untouched; and EXPLAIN one of them. A probe is cut at ``PROBE_TIMEOUT_MS``
+    (reported as ``None``; the plan is then EXPLAINed without ANALYZE)."""
+    from outbox_relay import store as store_module
+
+    s = store_module.OutboxStore(schema, relay_id="probe", max_attempts=10, claim_timeout=30.0,
+                                 backoff_base=1.0, backoff_max=60.0)
+    query = s._claim_ordered_from_start if ordered else s._claim_unordered
+    settings = list(getattr(store_module, "_PLAN_BY_INDEX_ORDER", []))
+    start = store_module._FROM_START
+    window = max(4 * batch, 100)
+    params = {"relay_id": "probe", "lease": 30.0, "max_attempts": 10, "limit": batch, "keys": window,
+              "window": window, "after_key": "", "after_at": start[0], "after_id": start[1]}
+    times: list[float | None] = []
     rows = 0
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+    options = f"{pgoptions or ''} -c statement_timeout={PROBE_TIMEOUT_MS}".strip()
+    async with await psycopg.AsyncConnection.connect(db_url, options=options, autocommit=True) as conn:
+
+        async def in_rolled_back_transaction(statement: Any) -> list[Any]:
+            async with conn.transaction(force_rollback=True):
+                for setting in settings:
+                    await conn.execute(setting)
+                cur = await conn.execute(statement, params)
+                return await cur.fetchall()
+
         for _ in range(PROBES):
-            store = OutboxStore(schema, relay_id="probe", max_attempts=10, claim_timeout=30.0,
-                                backoff_base=1.0, backoff_max=60.0)
             t0 = time.perf_counter()
-            claimed = await store.claim(conn, batch, ordered=ordered)
-            times.append((time.perf_counter() - t0) * 1000)
-            rows = len(claimed)
-            await conn.rollback()
-        store = OutboxStore(schema, relay_id="probe", max_attempts=10, claim_timeout=30.0,
-                            backoff_base=1.0, backoff_max=60.0)
-        query = store._claim_ordered_from_start if ordered else store._claim_unordered
-        window = max(4 * batch, 100)
-        params = {"relay_id": "probe", "lease": 30.0, "max_attempts": 10, "limit": batch, "keys": window,
-                  "window": window, "after_key": "", "after_at": _FROM_START[0], "after_id": _FROM_START[1]}
-        cur = await conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) ") + query, params)
-        plan = "\n".join(r[0] for r in await cur.fetchall())
-        await conn.rollback()
+            try:
+                rows = sum(1 for r in await in_rolled_back_transaction(query) if r[0] is not None)
+                times.append(round((time.perf_counter() - t0) * 1000, 2))
+            except psycopg.errors.QueryCanceled:
+                times.append(None)
+        analyze = times[-1] is not None
+        explain = "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " if analyze else "EXPLAIN (COSTS OFF) "
+        plan = "\n".join(r[0] for r in await in_rolled_back_transaction(sql.SQL(explain) + query))
     buffers = [ln.strip() for ln in plan.splitlines() if ln.strip().startswith("Buffers:")]
-    return {"claim_ms": [round(t, 2) for t in times], "rows": rows,
-            "plan_scans": sorted({ln.split(" on ")[0].strip().lstrip("-> ").strip()
-                                  + " on " + ln.split(" on ")[1].split()[0]
-                                  for ln in plan.splitlines() if " using " in ln and " on " in ln}),
-            "plan_seq_scan": "Seq Scan" in plan, "plan_top_buffers": buffers[0] if buffers else None,
+    scans = sorted({ln.strip().lstrip("-> ").split("  (")[0].split(" (")[0]
+                    for ln in plan.splitlines() if " using " in ln})
+    return {"claim_ms": times, "rows": rows, "timeout_ms": PROBE_TIMEOUT_MS, "session": options,
+            "planner_settings": [x.decode() if isinstance(x, bytes) else str(x) for x in settings],
+            "plan_indexes": scans, "plan_sorts": plan.count("Sort Key:"),
+            "plan_top_buffers": buffers[0] if buffers else None, "explain_analyzed": analyze,
             "explain": plan}
 
 
@@ -290,6 +308,16 @@ async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
             relay.request_stop()
         return claimed, marked
 
+    marks: list[float] = []  # seconds per mark_published statement
+    mark = relay.store.mark_published
+
+    async def timed_mark(conn: Any, ids: Any) -> int:
+        t0 = time.perf_counter()
+        n = await mark(conn, ids)
+        marks.append(time.perf_counter() - t0)
+        return n
+
+    relay.store.mark_published = timed_mark  # type: ignore[method-assign]
     relay.store.claim = timed_claim  # type: ignore[method-assign]
     relay.relay_batch = counted_batch  # type: ignore[method-assign]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -309,15 +337,15 @@ async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
     q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [ms[0]] * 99
     # rows/s per tenth of the drain, from the batches' end times
     tenths: list[float] = []
-    marks = [(start, 0)]
+    progress = [(start, 0)]
     total = 0
     for at, k in batches:
         total += k
-        marks.append((at, total))
+        progress.append((at, total))
     for d in range(10):
         lo, hi = total * d / 10, total * (d + 1) / 10
-        t_lo = next(at for at, c in marks if c >= lo)
-        t_hi = next(at for at, c in marks if c >= hi)
+        t_lo = next(at for at, c in progress if c >= lo)
+        t_hi = next(at for at, c in progress if c >= hi)
         tenths.append(round((hi - lo) / (t_hi - t_lo)) if t_hi > t_lo else 0)
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     unfinished = published < args.expect
@@ -334,7 +362,11 @@ async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
         "claim_ms": {"p50": round(q[49], 2), "p95": round(q[94], 2), "max": round(ms[-1], 2),
                      "first": round(claims[0][1] * 1000, 2), "mean": round(statistics.fmean(ms), 2)},
         "rows_per_claim": round(published / len(ms), 1) if ms else None,
+        "mark_ms": _quantiles([m * 1000 for m in marks]),
+        # shares of the drain's wall time spent in the claim and the mark statements (the rest:
+        # publishing with confirms, and the relay's own Python)
         "claim_share": round(sum(ms) / 1000 / seconds, 3) if seconds else None,
+        "mark_share": round(sum(marks) / seconds, 3) if seconds else None,
         "rows_per_s_by_tenth": tenths,
         "relay_cpu_seconds": round(cpu, 2),
         "relay_cpu_ms_per_1000_rows": round(cpu / published * 1e6, 1) if published else None,
@@ -342,6 +374,14 @@ async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
                      "claim_timeout": settings.relay_claim_timeout},
         "counters": relay.counters.snapshot(),
     }
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    v = sorted(values)
+    q = statistics.quantiles(v, n=100) if len(v) >= 2 else [v[0]] * 99
+    return {"p50": round(q[49], 2), "p95": round(q[94], 2), "max": round(v[-1], 2)}
 
 
 # -- the scenario --------------------------------------------------------------------------------
@@ -354,10 +394,12 @@ def drain_timeout(n: int) -> float:
 
 
 def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None,
-        relay_pgoptions: str | None = None) -> dict[str, Any]:
+        relay_pgoptions: str | None = None, statistics_mode: str = "stale") -> dict[str, Any]:
     """The drain scenario for ``mode`` (``smoke``, ``quick``, ``full``); returns its results.
     ``relay_pgoptions``: PostgreSQL session settings for the relay (``PGOPTIONS``), to measure a
-    candidate plan fix without changing the relay; default none (the relay as shipped)."""
+    candidate plan fix without changing the relay; default none (the relay as shipped).
+    ``statistics_mode``: ``stale`` (the scenario) or ``analyzed`` (a control: ANALYZE after each
+    fill, so the planner knows the backlog)."""
     sizes = sizes or SIZES[mode]
     history = HISTORY[mode] if history is None else history
     db_url = common.ensure_database()
@@ -365,7 +407,7 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
     amqp_url, vhost = open_vhost()
     out: dict[str, Any] = {"sizes": sizes, "keys": KEYS, "sink_max_length": SINK_MAX_LENGTH,
                            "vhost": vhost or urlparse(amqp_url).path or "/",
-                           "relay_pgoptions": relay_pgoptions, "runs": {}}
+                           "relay_pgoptions": relay_pgoptions, "statistics": statistics_mode, "runs": {}}
     try:
         asyncio.run(_declare_sink(amqp_url))
         out.update(prepare(db_url, schema, history))
@@ -376,7 +418,8 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
             for ordered in variants:
                 name = f"{'ordered' if ordered else 'unordered'}_{n}"
                 out["runs"][name] = one_run(db_url, amqp_url, schema, n=n, ordered=ordered,
-                                            pgoptions=relay_pgoptions)
+                                            pgoptions=relay_pgoptions,
+                                            analyze=statistics_mode == "analyzed")
                 r = out["runs"][name]
                 logger.info("drain %s: %s s, %s rows/s, claim p50 %s ms", name, r.get("drain_seconds"),
                             r.get("rows_per_s"), (r.get("claim_ms") or {}).get("p50"))
@@ -389,14 +432,16 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
 
 
 def one_run(db_url: str, amqp_url: str, schema: str, *, n: int, ordered: bool,
-            pgoptions: str | None = None) -> dict[str, Any]:
+            pgoptions: str | None = None, analyze: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     with psycopg.connect(db_url, autocommit=True) as conn:
         _insert(conn, schema, n, keyed=ordered, published=False)
+        if analyze:
+            conn.execute(sql.SQL("ANALYZE {}").format(_table(schema)))
         conn.execute("CHECKPOINT")
         stale = staleness(conn, schema, n)
     fill = time.perf_counter() - t0
-    probe = asyncio.run(probe_claims(db_url, schema, ordered=ordered, batch=200))
+    probe = asyncio.run(probe_claims(db_url, schema, ordered=ordered, batch=200, pgoptions=pgoptions))
     load_before = os.getloadavg()[0]
     result = drain(db_url, amqp_url, schema, n=n, ordered=ordered, timeout=drain_timeout(n),
                    pgoptions=pgoptions)
@@ -434,32 +479,44 @@ def report_lines(d: dict[str, Any]) -> list[str]:
     """The Markdown section of scenario ``drain`` (used by :mod:`benchmarks.report`)."""
     if not d or not d.get("runs"):
         return [f"Drain scenario: {d.get('error', 'not run')}", ""] if d else []
+    stale = d.get("statistics", "stale") == "stale"
     lines = [
-        "## 8. Relay drain time against backlog size (stale statistics)",
+        "## 8. Relay drain time against backlog size"
+        + (" (stale statistics)" if stale else " (control: statistics analyzed after each fill)"),
         "",
         f"One relay process (default settings: batch {_first(d, 'settings', 'batch')}, "
         f"{_first(d, 'settings', 'max_in_flight')} publishes in flight, confirms) drains N pending "
         f"rows to a topic exchange on vhost `{d.get('vhost')}`. Published history before the "
-        f"backlog: {d.get('history_rows', 0):,} rows; `ANALYZE` ran with nothing pending and "
-        "autovacuum is off on the table, so the planner believes (almost) nothing is pending "
-        f"(estimate column). Ordered: {d['keys']:,} partition keys.",
+        f"backlog: {d.get('history_rows', 0):,} rows. "
+        + ("`ANALYZE` ran with nothing pending and autovacuum is off on the table, so the planner "
+           "believes (almost) nothing is pending (estimate column). " if stale else
+           "`ANALYZE` after each fill (the planner knows the backlog). ")
+        + f"Ordered: {d['keys']:,} partition keys. Relay session settings: "
+        f"`{d.get('relay_pgoptions') or 'none (as shipped)'}`. Runs that hit a limit (a claim over "
+        "5 s, or 20 s + 2 ms per row) show no drain time and the rate they reached.",
         "",
         "| backlog N | ordering | planner's pending estimate | drain s | rows/s | s per 1k rows vs smallest N "
-        "| claim p50 / p95 / max ms | fresh-cursor claim of 200, ms | relay CPU ms / 1k rows |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| claim p50 / p95 / max ms | mark p50 / max ms | fresh-cursor claim of 200, ms "
+        "| relay CPU ms / 1k rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lin = d.get("linearity", {})
     for r in d["runs"].values():
         if "n" not in r:
-            lines.append(f"| ? | ? | | {r.get('error', '')[:100]} | | | | | |")
+            lines.append(f"| ? | ? | | {r.get('error', '')[:100]} | | | | | | |")
             continue
-        kind = "ordered" if r["ordered"] else "unordered"
+        kind = "ordered" if r.get("ordered", True) else "unordered"
         c = r.get("claim_ms") or {}
+        m = r.get("mark_ms") or {}
+        drain_s = r.get("drain_seconds")
+        if drain_s is None:
+            drain_s = f"unfinished: {r.get('published', 0):,} rows, {r.get('stopped_because') or r.get('error', '')[:80]}"
+        probes = " / ".join(">5 s" if t is None else str(t) for t in r.get("probe", {}).get("claim_ms", []))
         lines.append(
             f"| {r['n']:,} | {kind} | {r['statistics'].get('planner_pending_estimate')} | "
-            f"{r.get('drain_seconds')} | {r.get('rows_per_s', 0):,} | {lin.get(kind, {}).get(str(r['n']))} | "
-            f"{c.get('p50')} / {c.get('p95')} / {c.get('max')} | "
-            f"{' / '.join(str(t) for t in r['probe']['claim_ms'])} | {r.get('relay_cpu_ms_per_1000_rows')} |"
+            f"{drain_s} | {_num(r.get('rows_per_s'))} | {lin.get(kind, {}).get(str(r['n']))} | "
+            f"{c.get('p50')} / {c.get('p95')} / {c.get('max')} | {m.get('p50')} / {m.get('max')} | "
+            f"{probes} | {r.get('relay_cpu_ms_per_1000_rows')} |"
         )
     lines += ["", "Rows/s per tenth of each drain (a drain slowed by its backlog shows rising tenths, "
               "as the backlog shrinks):", ""]
@@ -468,6 +525,10 @@ def report_lines(d: dict[str, Any]) -> list[str]:
             lines.append(f"- {name}: {', '.join(f'{v:,}' for v in r['rows_per_s_by_tenth'])}")
     lines.append("")
     return lines
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{v:,}"
 
 
 def _first(d: dict[str, Any], *path: str) -> Any:
@@ -497,14 +558,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=None)
     parser.add_argument("--relay-pgoptions", default=None,
                         help="PostgreSQL session settings for the relay, e.g. '-c enable_sort=off'")
+    parser.add_argument("--statistics", choices=["stale", "analyzed"], default="stale",
+                        help="stale (the scenario) or analyzed (control: ANALYZE after each fill)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the schema and vhost
     if args.command == "relay":
         logging.getLogger().setLevel(logging.WARNING)
         print(json.dumps(asyncio.run(relay_child(args))), flush=True)
         return 0
-    results = run(args.mode, sizes=args.sizes, history=args.history, relay_pgoptions=args.relay_pgoptions)
+    results = run(args.mode, sizes=args.sizes, history=args.history, relay_pgoptions=args.relay_pgoptions,
+                  statistics_mode=args.statistics)
     results["mode"] = args.mode
     results["started_by"] = "python -m benchmarks.drain_bench"
     text = json.dumps(results, indent=2, default=str)
