@@ -23,6 +23,8 @@ module            job
 ``consumer``      :class:`ServiceBusConsumer`: pumps, pause and resume, shutdown
 ``batching``      one entity's publishes sent as ``ServiceBusMessageBatch``-es
 ``publisher``     :class:`ServiceBusPublisher`: the relay's publishes
+``dead_letters``  :class:`ServiceBusDeadLetters`: list and redrive ``<entity>/$DeadLetterQueue``
+                  (``consumer-kit dlq``)
 ================  =================================================================================
 
 Mapping (details in each module):
@@ -71,7 +73,7 @@ mean the delivery is no longer ours: it is never acked afterwards, ``lost`` is s
 redelivers it (counted as ``locks_lost``).
 
 Entry points (``consumer_kit.brokers``, schemes ``servicebus`` and ``sb``):
-:func:`consumer_from_settings`, :func:`publisher_from_settings`.
+:func:`consumer_from_settings`, :func:`publisher_from_settings`, :func:`dead_letters_from_settings`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from typing import Any
 
 from adapters.servicebus.consumer import ServiceBusConsumer
 from adapters.servicebus.counters import ConsumerCounters
+from adapters.servicebus.dead_letters import ServiceBusDeadLetters
 from adapters.servicebus.delivery import ServiceBusDelivery
 from adapters.servicebus.entities import Entity
 from adapters.servicebus.give_backs import GiveBacks
@@ -96,10 +99,12 @@ __all__ = [
     "GiveBacks",
     "Namespace",
     "ServiceBusConsumer",
+    "ServiceBusDeadLetters",
     "ServiceBusDelivery",
     "ServiceBusPublisher",
     "ServiceBusSettings",
     "consumer_from_settings",
+    "dead_letters_from_settings",
     "publisher_from_settings",
 ]
 
@@ -133,4 +138,19 @@ def publisher_from_settings(settings: Any) -> ServiceBusPublisher:
         Namespace.from_settings(settings.broker_url, adapter),
         confirm_timeout=settings.settle_timeout,
         batch_max_messages=adapter.publish_batch_max_messages,
+    )
+
+
+def dead_letters_from_settings(settings: Any) -> ServiceBusDeadLetters:
+    """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
+    subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
+    :mod:`adapters.servicebus.dead_letters`); a redrive's receive waits
+    ``CONSUMER_KIT_SERVICEBUS_RECEIVE_WAIT`` seconds.
+
+    Raises:
+        ConfigurationError: the URL and the connection string do not name a namespace.
+    """
+    adapter = ServiceBusSettings()
+    return ServiceBusDeadLetters(
+        Namespace.from_settings(settings.broker_url, adapter), receive_wait=adapter.receive_wait,
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
 from consumer_kit.errors import ConfigurationError
@@ -75,6 +75,20 @@ class Entity:
         options: dict[str, Any] = {"receive_mode": ServiceBusReceiveMode.PEEK_LOCK, "prefetch_count": 0}
         if self.requires_session:
             options.update(session_id=NEXT_AVAILABLE_SESSION, max_wait_time=session_wait)
+        if self.topic is not None:
+            assert self.subscription is not None
+            return client.get_subscription_receiver(self.topic, self.subscription, **options)
+        return client.get_queue_receiver(self.path, **options)
+
+
+    def dead_letter_receiver(self, client: ServiceBusClient) -> ServiceBusReceiver:
+        """A peek-lock receiver of ``<path>/$DeadLetterQueue``, without prefetch (nothing is locked
+        until a receive call asks). Never a session receiver: a dead-letter queue does not lock by
+        session, even under a session entity."""
+        options: dict[str, Any] = {
+            "receive_mode": ServiceBusReceiveMode.PEEK_LOCK, "prefetch_count": 0,
+            "sub_queue": ServiceBusSubQueue.DEAD_LETTER,
+        }
         if self.topic is not None:
             assert self.subscription is not None
             return client.get_subscription_receiver(self.topic, self.subscription, **options)

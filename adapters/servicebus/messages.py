@@ -16,7 +16,13 @@ property                           meaning
                                    one, see :func:`copy_of`)
 ``x-consumer-kit-redelivered``     on a release copy of a suspect: the copy is a suspect too (a
                                    suspect stays a suspect)
+``x-consumer-kit-redriven``        on a redriven copy (``consumer-kit dlq redrive``): the dead-letter
+                                   reason it had, for the record (the runtime ignores it)
 =================================  ================================================================
+
+Service Bus's own, on a dead letter: ``DeadLetterReason`` and ``DeadLetterErrorDescription`` (what
+``dead_letter_message(reason, error_description)`` set, or Service Bus's reason such as
+``MaxDeliveryCountExceeded``).
 
 Delivery count: ``x-consumer-kit-deliveries + delivery_count + 1`` (the SDK's ``delivery_count`` is
 0 on the first delivery). Published events: see :func:`outgoing_message`.
@@ -42,6 +48,14 @@ logger = logging.getLogger(__name__)
 DELIVERIES_PROPERTY = "x-consumer-kit-deliveries"
 ORIGINAL_MESSAGE_ID_PROPERTY = "x-consumer-kit-message-id"
 REDELIVERED_PROPERTY = "x-consumer-kit-redelivered"
+REDRIVEN_PROPERTY = "x-consumer-kit-redriven"
+DEAD_LETTER_REASON_PROPERTY = "DeadLetterReason"
+DEAD_LETTER_DESCRIPTION_PROPERTY = "DeadLetterErrorDescription"
+
+_NOT_REDRIVEN = frozenset({
+    DEAD_LETTER_REASON_PROPERTY, DEAD_LETTER_DESCRIPTION_PROPERTY, DELIVERIES_PROPERTY, REDELIVERED_PROPERTY,
+    ORIGINAL_MESSAGE_ID_PROPERTY, REDRIVEN_PROPERTY,
+})
 
 DEAD_LETTER_REASON_MAX_CHARS = 1024
 DEAD_LETTER_DESCRIPTION_MAX_CHARS = 4096
@@ -114,6 +128,32 @@ def copy_of(
     return _resent(message, body, properties, message_id=str(uuid.uuid4()))
 
 
+def redrive_copy_of(
+    message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes, *,
+    copy_id: str, message_id: str | None, reason: str | None,
+) -> ServiceBusMessage:
+    """A copy of the dead letter ``message`` to send back to its queue (``consumer-kit dlq redrive``).
+
+    Same body, session id, correlation id, subject, content type and application properties
+    (operation id, message type, trace context, ...), **without** the dead-letter properties
+    (``DeadLetterReason``, ``DeadLetterErrorDescription``) and consumer-kit's delivery-count and
+    suspect marks (its delivery count starts again at 1). ``message_id`` (the id consumer-kit saw)
+    goes in ``x-consumer-kit-message-id``; the copy's own id is ``copy_id``, never the original's:
+    an entity with duplicate detection would drop a copy sent under an id it saw within its window,
+    and the dead letter would then be completed with nothing sent. ``reason`` (the dead letter's,
+    ``None`` to leave it out) goes in ``x-consumer-kit-redriven``.
+
+    Raises:
+        ValueError, TypeError: the SDK cannot build it.
+    """
+    properties: dict[str | bytes, Any] = {k: v for k, v in headers.items() if k not in _NOT_REDRIVEN}
+    if message_id is not None:
+        properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
+    if reason is not None:
+        properties[REDRIVEN_PROPERTY] = reason
+    return _resent(message, body, properties, message_id=copy_id, session_id=message.session_id)
+
+
 def as_sent(message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes) -> ServiceBusMessage:
     """``message`` rebuilt as its producer sent it (same id, properties and body): what measuring
     its size needs."""
@@ -121,16 +161,20 @@ def as_sent(message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body
 
 
 def _resent(
-    message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None
+    message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None,
+    session_id: str | None = None,
 ) -> ServiceBusMessage:
+    # The SDK refuses a partition key that differs from the session id.
+    partition_key = message.partition_key if session_id is None or message.partition_key == session_id else None
     return ServiceBusMessage(
         body,
         application_properties=properties,
         message_id=message_id,
+        session_id=session_id,
         content_type=message.content_type,
         correlation_id=message.correlation_id,
         subject=message.subject,
-        partition_key=message.partition_key,
+        partition_key=partition_key,
         to=message.to,
         reply_to=message.reply_to,
         reply_to_session_id=message.reply_to_session_id,

@@ -21,9 +21,10 @@ from adapters.servicebus import (
     ORIGINAL_MESSAGE_ID_PROPERTY,
     Namespace,
     ServiceBusConsumer,
+    ServiceBusDeadLetters,
     ServiceBusPublisher,
 )
-from consumer_kit.broker import Consumer, OutgoingMessage, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues, OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
 from tests.servicebus_server import Queue, ServiceBusTestServer
@@ -94,6 +95,11 @@ class ServiceBusDriver(Driver):
             async with asyncio.timeout(10):
                 await client.close()
         return found[:expected]
+
+    def dead_letter_queues(self, settings: Settings) -> DeadLetterQueues:
+        """The adapter's dead-letter queues on this server (the broker URL ``servicebus://`` names
+        no namespace by itself: the connection string does)."""
+        return ServiceBusDeadLetters(self.namespace, receive_wait=0.5)
 
     async def depth(self) -> int:
         assert self.entity is not None

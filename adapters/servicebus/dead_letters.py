@@ -1,0 +1,438 @@
+"""Listing and redriving the dead letters of a Service Bus queue or subscription (``consumer-kit
+dlq``; contract: :class:`consumer_kit.broker.DeadLetterQueues`).
+
+**Which queue.** The dead-letter sub-queue ``<entity>/$DeadLetterQueue`` of the queue or the
+``topic/Subscriptions/name`` asked for, read with the SDK's ``sub_queue=ServiceBusSubQueue.DEAD_LETTER``
+receiver (never a session receiver: a dead-letter sub-queue does not lock by session). It holds
+that entity's dead letters only.
+
+**Peek**: ``peek_messages`` (Service Bus's browse: no lock, the delivery count untouched), pages of
+:data:`PEEK_PAGE` from sequence number 1 on: oldest first, in sequence order.
+
+**Count**: the messages one peek pass finds, at most :data:`COUNT_LIMIT` (a larger dead-letter
+queue answers :data:`COUNT_LIMIT`). Service Bus's own count (``dead_letter_message_count`` of
+``ServiceBusAdministrationClient.get_queue_runtime_properties``) needs its HTTPS management API
+and *Manage* rights; consumer-kit speaks AMQP only, with the rights a worker has (*Listen*, and
+*Send* to redrive), and the local test server has no management API. The pass costs one peek per
+:data:`PEEK_PAGE` messages, bodies included.
+
+**What a dead letter shows** (:func:`dead_letter_of`): the reason is ``DeadLetterReason`` as
+consumer-kit set it (``max_deliveries_exceeded:RetryableError``, ``payload_conflict``, ...) or,
+for one of Service Bus's own (:data:`SERVICE_BUS_REASONS`: ``MaxDeliveryCountExceeded``,
+``TTLExpiredException``, ...), ``broker:<reason>``; the detail is ``DeadLetterErrorDescription``;
+the message id is the one consumer-kit saw (``x-consumer-kit-message-id`` of a retry copy, else
+the message's); the delivery count is ``x-consumer-kit-deliveries + delivery_count + 1`` for a
+message dead-lettered by a receiver (what the worker counted), ``x-consumer-kit-deliveries +
+delivery_count`` for one Service Bus moved (its count already holds the last delivery). The
+dead-letter sub-queue counts its own receives too: each earlier redrive that locked and kept the
+message (see below) adds one. Service Bus keeps no dead-letter time: ``dead_lettered_at`` is
+``None`` and ``enqueued_at`` is the message's enqueued time (``consumer-kit dlq list`` takes
+first and last failure from the ledger).
+
+**Redrive** (queues only), in two steps:
+
+1. *Choose*: one peek pass over the dead-letter queue calls ``select`` on each message there (no
+   lock). That pass is the start line: messages dead-lettered after it (a redriven message that
+   fails again at once, say) are left for the next redrive. A dry run ends here, having locked
+   nothing.
+2. *Move*: receive in peek-lock, oldest first, at most as many at a time as chosen messages are
+   still missing. A chosen message gets a copy sent to the queue (:func:`~adapters.servicebus.
+   messages.redrive_copy_of`: same body, session id, correlation id, subject and application
+   properties, the message id consumer-kit saw in ``x-consumer-kit-message-id``, no dead-letter
+   properties, its delivery count starting again) and is completed **only after** Service Bus
+   accepted the send: at least once. A crash (or a failed completion) in between leaves it in
+   both places, and a second redrive sends it again, which the ledger answers as a duplicate.
+   Every other message received (not chosen; arrived after step 1; back after its lock lapsed)
+   is held, locked, until the end and then abandoned: it stays in the dead-letter queue with
+   one more on its delivery count. The step ends once every chosen message is moved, so
+   messages after the last chosen one are not touched, or when a receive brings nothing new
+   within ``receive_wait`` seconds; chosen messages never received (locked by another receiver,
+   or removed meanwhile) are counted as failed.
+
+   The copy's own message id is derived from the dead letter (entity, sequence number, message
+   id) and is never the original's: an entity with duplicate detection would silently drop a
+   copy under an id it saw within its window, and the dead letter would be completed with
+   nothing delivered; a second send of the same dead letter (after a crash) has the same id,
+   which duplicate detection, where on, drops.
+
+**Subscriptions** are listed and counted, never redriven: Service Bus cannot send to one
+subscription, and a copy sent to the topic reaches every subscription of it (and the others'
+rules). :meth:`ServiceBusDeadLetters.redrive` refuses them (dry runs too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
+from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+from adapters.servicebus.connection import Connection, close_quietly
+from adapters.servicebus.entities import Entity, sender_for
+from adapters.servicebus.errors import ENTITY_MISSING, LOCK_LOST, describe, is_refusal
+from adapters.servicebus.limits import TooLarge, check_fits_alone
+from adapters.servicebus.messages import (
+    DELIVERIES_PROPERTY,
+    body_of,
+    headers_of,
+    message_id_of,
+    redrive_copy_of,
+)
+from adapters.servicebus.settings import Namespace
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
+from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+PEEK_PAGE = 100
+"""Messages asked for by one ``peek_messages`` call."""
+
+COUNT_LIMIT = 10_000
+"""The most :meth:`ServiceBusDeadLetters.count` counts (one peek pass; see the module docstring)."""
+
+RECEIVE_BATCH = 50
+"""The most messages one receive of a redrive locks."""
+
+CALL_TIMEOUT = 30.0
+"""Seconds any one SDK call may take (the SDK hangs instead of failing against a server that
+answers wrongly, so every call is bounded)."""
+
+REASON_ON_COPY_CHARS = 200
+"""``x-consumer-kit-redriven`` carries the dead letter's reason cut to this many characters."""
+
+SERVICE_BUS_REASONS = frozenset({
+    "MaxDeliveryCountExceeded", "TTLExpiredException", "HeaderSizeExceeded", "MaxTransferHopCountExceeded",
+    "Session id is null",
+})
+"""``DeadLetterReason`` values Service Bus sets when it moves a message itself (listed as
+``broker:<reason>``)."""
+
+_COPY_IDS = uuid.UUID("8f3d3c52-4a55-4f0e-9a57-3d5c1f0b6a11")
+"""uuid5 namespace of redriven copies' message ids."""
+
+
+class ServiceBusDeadLetters(DeadLetterQueues):
+    """The dead-letter sub-queues of the queues and subscriptions of one namespace (module docstring).
+
+    Args:
+        namespace: where and how to sign in.
+        call_timeout: seconds any one SDK call may take.
+        receive_wait: seconds one receive of a redrive waits for a first message; a receive that
+            brings nothing new ends the redrive's second step.
+
+    Raises:
+        ValueError: on invalid arguments.
+    """
+
+    def __init__(self, namespace: Namespace, *, call_timeout: float = CALL_TIMEOUT, receive_wait: float = 1.0) -> None:
+        if call_timeout <= 0 or receive_wait <= 0:
+            raise ValueError("call_timeout and receive_wait must be > 0 seconds")
+        self._namespace = namespace
+        self._call_timeout = call_timeout
+        self._receive_wait = receive_wait
+        self._connection: Connection | None = None
+        self._browsers: dict[str, ServiceBusReceiver] = {}
+
+    async def count(self, queue: str) -> int:
+        """Dead letters of ``queue`` now, at most :data:`COUNT_LIMIT` (by peeking; module docstring).
+
+        Raises:
+            ConfigurationError: not a queue or ``topic/Subscriptions/name``, no such entity, or
+                access refused.
+            ConnectionError: Service Bus cannot be reached or did not answer in time.
+        """
+        entity = _entity(queue)
+        total = 0
+        async for page in self._browse(entity, COUNT_LIMIT):
+            total += len(page)
+        return total
+
+    async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters of ``queue``, oldest (lowest sequence number) first, by
+        ``peek_messages``: nothing is locked or counted.
+
+        Raises:
+            ConfigurationError: not a queue or ``topic/Subscriptions/name``, no such entity, or
+                access refused.
+            ConnectionError: Service Bus cannot be reached or did not answer in time.
+        """
+        entity = _entity(queue)
+        return [dead_letter_of(message, queue) async for page in self._browse(entity, limit) for message in page]
+
+    async def redrive(
+        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
+        progress: RedriveProgress | None = None,
+    ) -> RedriveReport:
+        """Move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
+        by one peek pass, then copy and complete each (module docstring). ``failed`` counts copies
+        Service Bus refused or that do not fit the queue's size limit, and chosen messages that
+        were never received; all of them stay in the dead-letter queue.
+
+        Raises:
+            ConfigurationError: ``queue`` is a topic subscription (see the module docstring), not
+                an entity name, no such queue, or access refused.
+            ConnectionError: Service Bus cannot be reached or did not answer in time (messages
+                already copied stay moved; the rest stay in the dead-letter queue).
+        """
+        entity = _entity(queue)
+        if not entity.is_queue:
+            raise ConfigurationError(
+                f"{queue!r} is a topic subscription: consumer-kit dlq redrive moves dead letters back "
+                "to queues only. Service Bus cannot send to one subscription, and a copy sent to the "
+                f"topic {entity.topic!r} would reach every subscription of it. List them with "
+                "`consumer-kit dlq list`; resubmit to the topic yourself if every subscription may "
+                "get them again"
+            )
+        report = RedriveReport()
+        chosen: set[int] = set()
+        async for page in self._browse(entity, sys.maxsize):  # step 1: the start line
+            for message in page:
+                letter = dead_letter_of(message, queue)
+                selected = select(letter)
+                if selected:
+                    chosen.add(message.sequence_number or 0)
+                    report.redriven += 1 if dry_run else 0
+                else:
+                    report.kept += 1
+                if progress is not None and (dry_run or not selected):
+                    progress(letter, selected)
+        if chosen and not dry_run:
+            await self._move(entity, queue, chosen, report, progress)
+        return report
+
+    async def close(self) -> None:
+        """Close the receivers and the client (idempotent)."""
+        browsers, self._browsers = list(self._browsers.values()), {}
+        for browser in browsers:
+            await close_quietly(browser, self._call_timeout, "a dead-letter browser")
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close(self._call_timeout)
+
+    # -- step 2 of a redrive ----------------------------------------------------------------------
+
+    async def _move(
+        self, entity: Entity, queue: str, chosen: set[int], report: RedriveReport, progress: RedriveProgress | None,
+    ) -> None:
+        """Receive until every chosen message is moved or a receive brings nothing new; abandon
+        what was held, whatever happens."""
+        client = self._client()
+        receiver = entity.dead_letter_receiver(client)
+        sender = sender_for(client, entity.path)
+        missing = set(chosen)  # chosen and not received yet
+        seen: set[int] = set()
+        held: list[ServiceBusReceivedMessage] = []
+        try:
+            # Opened first: a receive's short wait would also bound opening the link.
+            await self._call(entity, "open a receiver", receiver.__aenter__())
+            while missing:
+                most = min(RECEIVE_BATCH, len(missing))
+                batch = await self._call(
+                    entity, "receive",
+                    receiver.receive_messages(max_message_count=most, max_wait_time=self._receive_wait),
+                )
+                new = False
+                for message in batch:
+                    number = message.sequence_number or 0
+                    new = new or number not in seen
+                    seen.add(number)
+                    if number not in missing:  # not chosen, arrived since step 1, or back after a lapse
+                        held.append(message)
+                        continue
+                    missing.discard(number)
+                    letter = dead_letter_of(message, queue)
+                    moved = await self._send_back(entity, sender, receiver, message, letter, report, held)
+                    if progress is not None:
+                        progress(letter, moved)
+                if not new:
+                    break
+        finally:
+            await self._give_back(entity, receiver, held)
+            await close_quietly(sender, self._call_timeout, f"the redrive sender of {entity.path}")
+            await close_quietly(receiver, self._call_timeout, f"the redrive receiver of {entity.dead_letter_path}")
+        if missing:
+            report.failed += len(missing)
+            logger.warning(
+                "%s chosen dead letter(s) of %s were not received (locked by another receiver, or "
+                "removed meanwhile): not redriven", len(missing), entity.path,
+            )
+
+    async def _send_back(
+        self, entity: Entity, sender: ServiceBusSender, receiver: ServiceBusReceiver,
+        message: ServiceBusReceivedMessage, letter: DeadLetter, report: RedriveReport,
+        held: list[ServiceBusReceivedMessage],
+    ) -> bool:
+        """Send the copy of one dead letter, then complete it. ``False`` (counted as failed, the
+        message held and left) when the copy does not fit or Service Bus refuses it.
+
+        Raises:
+            ConfigurationError: the queue is gone, or sending to it is not allowed.
+            ConnectionError: the send failed otherwise (unknown whether it arrived: left in the
+                dead-letter queue, a repeat is a duplicate).
+        """
+        copy_id = str(uuid.uuid5(_COPY_IDS, f"{entity.path}/{message.sequence_number}/{letter.message_id}"))
+        what = f"redrive copy of message_id={letter.message_id}"
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
+                                       message_id=letter.message_id, reason=letter.reason[:REASON_ON_COPY_CHARS])
+                try:
+                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
+                except TooLarge:  # the record of the reason is the one thing that may go
+                    copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
+                                           message_id=letter.message_id, reason=None)
+                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
+                await sender.send_messages(copy)
+        except Exception as exc:
+            if isinstance(exc, TooLarge) or (is_refusal(exc) and not isinstance(exc, ServiceBusAuthorizationError)):
+                held.append(message)
+                report.failed += 1
+                logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
+                               letter.message_id, entity.path, describe(exc))
+                return False
+            raise self._error(entity, "send", exc) from exc
+        report.redriven += 1
+        try:  # only now: a crash before this line leaves the message in both places (a duplicate)
+            async with asyncio.timeout(self._call_timeout):
+                await receiver.complete_message(message)
+        except Exception as exc:  # noqa: BLE001 - sent: it counts as redriven either way
+            if not isinstance(exc, LOCK_LOST):
+                held.append(message)  # still locked, maybe: abandoned at the end
+            logger.warning(
+                "redriven message_id=%s to %s but could not complete it in %s (%s): it stays there "
+                "too; redriving it again is answered as a duplicate",
+                letter.message_id, entity.path, entity.dead_letter_path, describe(exc),
+            )
+        return True
+
+    async def _give_back(self, entity: Entity, receiver: ServiceBusReceiver, held: list[ServiceBusReceivedMessage]) -> None:
+        """Abandon every held message (each goes back with one more on its delivery count). A lock
+        that lapsed needs nothing; any other failure stops here: the locks lapse by themselves."""
+        for index, message in enumerate(held):
+            try:
+                async with asyncio.timeout(self._call_timeout):
+                    await receiver.abandon_message(message)
+            except LOCK_LOST:
+                continue
+            except Exception as exc:  # noqa: BLE001 - they come back when their locks lapse
+                logger.warning(
+                    "could not give back %s held dead letter(s) of %s (%s): they come back when their "
+                    "locks lapse", len(held) - index, entity.path, describe(exc),
+                )
+                return
+
+    # -- peeking ---------------------------------------------------------------------------------
+
+    async def _browse(self, entity: Entity, most: int) -> AsyncIterator[list[ServiceBusReceivedMessage]]:
+        """Pages of the dead-letter queue by ``peek_messages``, in sequence order, ``most``
+        messages at most."""
+        start, seen = 1, 0
+        while seen < most:
+            count = min(PEEK_PAGE, most - seen)
+            receiver = self._browser(entity)
+            try:
+                page = await self._call(
+                    entity, "peek", receiver.peek_messages(max_message_count=count, sequence_number=start)
+                )
+            except BaseException:
+                self._browsers.pop(entity.path, None)  # a fresh receiver for the next call
+                await close_quietly(receiver, self._call_timeout, "a dead-letter browser")
+                raise
+            if not page:
+                return
+            seen += len(page)
+            start = max(message.sequence_number or 0 for message in page) + 1
+            yield page
+
+    def _browser(self, entity: Entity) -> ServiceBusReceiver:
+        """The receiver that peeks ``entity``'s dead letters (kept for the next call; it never locks)."""
+        receiver = self._browsers.get(entity.path)
+        if receiver is None:
+            receiver = self._browsers[entity.path] = entity.dead_letter_receiver(self._client())
+        return receiver
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _client(self) -> ServiceBusClient:
+        if self._connection is None:
+            self._connection = Connection(self._namespace, name="consumer-kit dlq")
+        return self._connection.client
+
+    async def _call(self, entity: Entity, what: str, call: Awaitable[T]) -> T:
+        """Await one SDK call within ``call_timeout``, its failure turned into :meth:`_error`'s."""
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                return await call
+        except Exception as exc:
+            raise self._error(entity, what, exc) from exc
+
+    def _error(self, entity: Entity, what: str, exc: Exception) -> Exception:
+        """The :class:`ConfigurationError` (a user can fix it) or :class:`ConnectionError` for a
+        failed SDK call."""
+        where = self._namespace.description
+        if isinstance(exc, ENTITY_MISSING):
+            return ConfigurationError(
+                f"no Service Bus queue or subscription {entity.path!r} at {where} ({describe(exc)}); "
+                "a subscription is written topic/Subscriptions/name"
+            )
+        if isinstance(exc, ServiceBusAuthorizationError):
+            return ConfigurationError(
+                f"{where} refused {what} on {entity.dead_letter_path}: {describe(exc)} (consumer-kit dlq "
+                "needs Listen rights, and Send to redrive)"
+            )
+        if isinstance(exc, TimeoutError):
+            return ConnectionError(
+                f"Service Bus at {where} did not answer {what} on {entity.dead_letter_path} within "
+                f"{self._call_timeout:g} s"
+            )
+        return ConnectionError(f"{what} on {entity.dead_letter_path} at {where} failed: {describe(exc)}")
+
+
+def dead_letter_of(message: ServiceBusReceivedMessage, queue: str) -> DeadLetter:
+    """What ``consumer-kit dlq list`` shows of one message of ``queue``'s dead-letter sub-queue
+    (reason, delivery count and times as in the module docstring).
+
+    Args:
+        message: a message peeked or received from the dead-letter sub-queue.
+        queue: the queue or subscription as asked for.
+    """
+    headers = headers_of(message)
+    reason = message.dead_letter_reason or ""
+    by_service_bus = reason in SERVICE_BUS_REASONS
+    operation_key = headers.get(OPERATION_ID_HEADER)
+    return DeadLetter(
+        queue=queue,
+        message_id=message_id_of(message, headers),
+        reason=f"broker:{reason}" if by_service_bus else reason or "unknown",
+        detail=message.dead_letter_error_description or "",
+        delivery_count=_count(headers.get(DELIVERIES_PROPERTY)) + (message.delivery_count or 0)
+        + (0 if by_service_bus else 1),
+        dead_lettered_at=None,
+        enqueued_at=message.enqueued_time_utc,
+        operation_key=str(operation_key) if operation_key else None,
+        headers=headers,
+        body=body_of(message),
+    )
+
+
+def _entity(queue: str) -> Entity:
+    try:
+        return Entity.parse(queue)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value)) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
