@@ -82,7 +82,7 @@ from consumer_kit.transaction import (
     CommitUncertain,
     StaleConnection,
     TransactionEnded,
-    begin_with,
+    begin_and_claim,
     commit,
     commit_forbidden,
     ensure_transaction_open,
@@ -443,9 +443,9 @@ class Runtime:
             # The claim may wait lock_timeout on a concurrent claimer, then must answer.
             with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
                 async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
-                    claim = await begin_with(conn, lambda: self.ledger.claim(
+                    claim = await begin_and_claim(conn, lambda: self.ledger.claim(
                         conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
-                        message_id=envelope.message_id, retention=decoded.handler.retention,
+                        message_id=envelope.message_id, retention=decoded.handler.retention, begin=True,
                     ))
         except pg_errors.LockNotAvailable as exc:
             # Only a lock wait on the claim itself means "in progress"; a lock timeout inside the

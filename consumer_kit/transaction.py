@@ -59,18 +59,16 @@ async def begin(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
         raise
 
 
-async def begin_with(conn: psycopg.AsyncConnection[Any], first: Callable[[], Awaitable[T]]) -> T:
-    """BEGIN and the transaction's first statement (``first()``) in one round trip (a libpq
-    pipeline); returns what ``first`` returns. The caller bounds it and rolls back on an error.
+async def begin_and_claim(conn: psycopg.AsyncConnection[Any], claim: Callable[[], Awaitable[T]]) -> T:
+    """Run ``claim()``, which sends BEGIN with the claim (see ``Ledger.claim(begin=True)``);
+    returns what it returns. The caller bounds it and rolls back on an error.
 
     Raises:
         StaleConnection: the pooled connection was dead (nothing of this transaction committed).
-        psycopg.Error: the server refused BEGIN or the statement.
+        psycopg.Error: the server refused BEGIN or the claim.
     """
     try:
-        async with conn.pipeline():
-            await conn.execute(BEGIN)
-            return await first()
+        return await claim()
     except psycopg.OperationalError as exc:
         if conn.broken:
             raise StaleConnection from exc
