@@ -56,7 +56,7 @@ def refusal(cls: type[DatabaseSettings], **env: str) -> str:
 def test_every_duration_has_a_finite_range_with_a_floor_above_zero_where_zero_means_a_hot_loop() -> None:
     ranges = {name: (info["minimum"], info["maximum"]) for name, info in DURATIONS}
     assert ranges == {
-        "in_progress_delay": (0.05, 3600), "lock_timeout": (0.001, 3600),
+        "in_progress_delay": (0.05, 3600), "lock_timeout": (0.001, 3600), "alone_marker_ttl": (1, 300),
         "lease_seconds": (1, 86_400), "handler_timeout": (0.1, 86_400),
         "settle_timeout": (0.1, 300), "statement_timeout": (0.5, 3600),
         "probe_backoff_max": (0.5, 3600), "shutdown_timeout": (0.1, 3600),
