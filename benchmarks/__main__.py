@@ -16,7 +16,8 @@ from pathlib import Path
 
 from benchmarks import report, runner
 
-SCENARIOS = ["idempotency", "ledger", "pgbench", "memory", "crash", "relay", "relay_memory"]
+SCENARIOS = ["idempotency", "ledger", "pgbench", "memory", "crash", "relay", "relay_memory",
+             "drain", "scaleout", "notify", "uvloop"]
 
 
 def main(argv: list[str] | None = None) -> int:

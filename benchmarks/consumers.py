@@ -13,6 +13,13 @@ With ``--expect N`` the process exits after N deliveries were finished and print
 ``{"processed", "seconds", "rate", "peak_rss_mb"}`` where ``seconds`` runs from the first finished
 delivery to the N-th (start-up and connection set-up excluded, the same for every variant).
 With ``--expect 0`` it consumes until SIGTERM (the crash scenario kills it with SIGKILL).
+
+Options for the scale-out scenarios (``benchmarks.scaleout_bench``): ``--wait-go`` prints
+``ready`` once imported and starts only on SIGUSR1, so several processes start together;
+``--loop uvloop`` runs the process on uvloop's event loop; ``--no-outbox-notify`` opens the
+sessions with ``-c consumer_kit.outbox_notify=off`` (CONSUMER_KIT_OUTBOX_NOTIFY=false). The JSON
+line then also carries wall-clock ``first_at``/``last_at`` and ``timeline`` (finished deliveries
+per 0.1 s of wall clock), so rates across processes can be combined.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ class _Progress:
 
     def __init__(self, expect: int) -> None:
         self.expect = expect
+        self.wall_offset = time.time() - time.perf_counter()
+        self.timeline: dict[int, int] = {}
+        self.first_cpu = self.last_cpu = 0.0  # process CPU seconds at the first and last delivery
         self.count = 0
         self.first: float | None = None
         self.last: float | None = None
@@ -56,8 +66,12 @@ class _Progress:
         now = time.perf_counter()
         if self.first is None:
             self.first = now
+            self.first_cpu = time.process_time()
         self.count += n
         self.last = now
+        self.last_cpu = time.process_time()
+        slot = int((now + self.wall_offset) * 10)
+        self.timeline[slot] = self.timeline.get(slot, 0) + n
         if self.expect and self.count >= self.expect:
             self.done.set()
 
@@ -71,6 +85,11 @@ class _Progress:
             "seconds": seconds,
             "rate": rate,
             "peak_rss_mb": peak_kb / 1024.0,
+            "first_at": None if self.first is None else self.first + self.wall_offset,
+            "last_at": None if self.last is None else self.last + self.wall_offset,
+            "timeline": self.timeline,
+            # CPU of the whole process (all threads) from the first finished delivery to the last
+            "cpu_seconds": self.last_cpu - self.first_cpu,
         }
 
 
@@ -83,9 +102,11 @@ async def run_naive(args: argparse.Namespace, progress: _Progress, stop: asyncio
     from psycopg_pool import AsyncConnectionPool
 
     effect = EffectSQL.for_schema(args.schema)
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if not args.outbox_notify:  # what consumer-kit's pool sets for CONSUMER_KIT_OUTBOX_NOTIFY=false
+        kwargs["options"] = "-c consumer_kit.outbox_notify=off"
     pool = AsyncConnectionPool(
-        bench_db_url(), min_size=args.concurrency, max_size=args.concurrency,
-        kwargs={"autocommit": True}, open=False,
+        bench_db_url(), min_size=args.concurrency, max_size=args.concurrency, kwargs=kwargs, open=False,
     )
     await pool.open(wait=True)
     connection = await aio_pika.connect_robust(AMQP_URL)  # reconnects and re-consumes
@@ -133,6 +154,7 @@ def ck_settings(args: argparse.Namespace) -> Any:
         max_deliveries=MAX_DELIVERIES,
         in_progress_delay=1.0,
         retry_delays=[1.0, 5.0, 30.0],
+        outbox_notify=getattr(args, "outbox_notify", True),
     )
 
 
@@ -262,6 +284,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.variant != "ck":  # the consumer-kit Worker installs its own SIGTERM handler
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+    if args.wait_go:  # start together with the other processes of a scale-out run
+        go = asyncio.Event()
+        loop.add_signal_handler(signal.SIGUSR1, go.set)
+        print("ready", flush=True)
+        await go.wait()
     timeout = args.timeout
     try:
         await asyncio.wait_for(RUNNERS[args.variant](args, progress, stop), timeout)
@@ -278,6 +305,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--expect", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--wait-go", action="store_true", help="print 'ready', start on SIGUSR1")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument("--no-outbox-notify", dest="outbox_notify", action="store_false")
     args = parser.parse_args(argv)
     import warnings
 
@@ -286,7 +316,14 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="aws_lambda_powertools")
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    result = asyncio.run(main_async(args))
+    if args.loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            result = runner.run(main_async(args))
+    else:
+        result = asyncio.run(main_async(args))
+    result["loop"] = args.loop
     print(json.dumps(result), flush=True)
 
 

@@ -222,6 +222,10 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             "whose effect did commit, so they will be applied a second time when the record expires |",
             "",
         ]
+    from benchmarks import drain_bench, scaleout_bench
+
+    lines += drain_bench.report_lines(s.get("drain") or {})
+    lines += scaleout_bench.report_lines(s)
     for name, sc in s.items():
         if isinstance(sc, dict) and sc.get("error"):
             lines.append(f"Scenario {name} failed: `{sc['error']}`")

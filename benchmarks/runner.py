@@ -586,6 +586,7 @@ def run_all(mode_name: str, only: set[str] | None = None) -> dict[str, Any]:
     if mode.relay:
         steps.append(("relay", lambda: scenario_relay(mode)))
         steps.append(("relay_memory", lambda: scenario_relay_memory(mode.relay_events)))
+    steps += _scale_steps(mode, db_url)
     results["load_average_1min"] = {"before": round(os.getloadavg()[0], 2)}
     for name, step in steps:
         if only and name not in only:
@@ -603,6 +604,22 @@ def run_all(mode_name: str, only: set[str] | None = None) -> dict[str, Any]:
         logger.info("scenario %s done in %.1f s", name, results["timings_s"][name])
     results["total_s"] = round(time.time() - started, 1)
     return results
+
+
+def _scale_steps(mode: Mode, db_url: str) -> list[tuple[str, Any]]:
+    """Scenarios 8-11 (issue 15): relay drain against backlog size under stale statistics,
+    processes on one queue, the outbox NOTIFY switch, uvloop. The smoke run keeps the drain and
+    a 2-process scale-out only (the others reuse the same machinery)."""
+    from benchmarks import drain_bench, scaleout_bench
+
+    steps: list[tuple[str, Any]] = [
+        ("drain", lambda: drain_bench.run(mode.name)),
+        ("scaleout", lambda: scaleout_bench.scenario_scaleout(mode.name, db_url)),
+    ]
+    if mode.name != "smoke":
+        steps.append(("notify", lambda: scaleout_bench.scenario_notify(mode.name, db_url)))
+        steps.append(("uvloop", lambda: scaleout_bench.scenario_uvloop(mode.name, db_url)))
+    return steps
 
 
 def _pg_version(db_url: str) -> str:
