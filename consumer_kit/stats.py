@@ -53,14 +53,19 @@ _LEDGER_PRESSURE = """
      GROUP BY operation_type
 """
 
+# Parked: max_attempts failed attempts, or due at 'infinity' (parked under a smaller
+# max_attempts), as in outbox_relay.store.
 _OUTBOX_PRESSURE = """
     SELECT (SELECT count(*) FROM (SELECT 1 FROM {outbox}
                                    WHERE published_at IS NULL AND attempts < %(max_attempts)s
+                                     AND available_at <> 'infinity'
                                    LIMIT %(cap)s) AS pending),
            (SELECT extract(epoch FROM now() - created_at) FROM {outbox}
-             WHERE published_at IS NULL AND attempts < %(max_attempts)s ORDER BY id LIMIT 1),
+             WHERE published_at IS NULL AND attempts < %(max_attempts)s
+               AND available_at <> 'infinity' ORDER BY id LIMIT 1),
            (SELECT count(*) FROM (SELECT 1 FROM {outbox}
-                                   WHERE published_at IS NULL AND attempts >= %(max_attempts)s
+                                   WHERE published_at IS NULL
+                                     AND (attempts >= %(max_attempts)s OR available_at = 'infinity')
                                    LIMIT %(cap)s) AS parked)
 """
 

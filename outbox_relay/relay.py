@@ -225,7 +225,9 @@ class Relay:
 
     async def relay_until_idle(self) -> int:
         """Run passes until a claim finds nothing claimable (an empty claim whose windows reached
-        the end, see :meth:`OutboxStore.claim`) or a stop is requested; returns rows published."""
+        the end, see :meth:`OutboxStore.claim`) or a stop is requested; returns rows published.
+        Each call looks again from the start: rows may have arrived, or become due, anywhere."""
+        self.store.rescan()
         published = 0
         while not self._stop.is_set():
             claimed, confirmed = await self.relay_batch()

@@ -87,7 +87,8 @@ class OutboxStatus:
         pending: unpublished rows that will still be tried (includes ``retrying`` and ``claimed``).
         retrying: pending rows with at least one failed attempt.
         claimed: pending rows under a live lease (being published right now).
-        parked: rows past ``max_attempts``: never deleted, never retried until requeued.
+        parked: rows past ``max_attempts``, or parked (due at 'infinity') under a smaller
+            ``max_attempts``: never deleted, never retried until requeued.
         oldest_pending_age: seconds since the oldest pending row was written (``None``: none).
         published_last_minute: rows marked published in the last 60 seconds.
         published_total: published rows still in the table (within retention).
@@ -174,9 +175,9 @@ class OutboxStore:
         self._mark_failed = _MARK_FAILED.format(table=table)
         self._release = _RELEASE.format(table=table)
         self._cleanup = _CLEANUP.format(table=table)
-        self._status = _STATUS.format(table=table)
-        self._parked = _PARKED.format(table=table)
-        self._requeue = _REQUEUE.format(table=table)
+        self._status = _STATUS.format(table=table, parked=_PARKED_ROW)
+        self._parked = _PARKED.format(table=table, parked=_PARKED_ROW)
+        self._requeue = _REQUEUE.format(table=table, parked=_PARKED_ROW)
         self._pending_destinations = _PENDING_DESTINATIONS.format(table=table)
 
     async def claim(
@@ -231,6 +232,14 @@ class OutboxStore:
         self._after = (last_at, last_id) if more_ids else _FROM_START
         rows.sort(key=lambda r: r.id)
         return rows
+
+    def rescan(self) -> None:
+        """Forget the laps made so far: :attr:`idle` becomes true again only after both cursors
+        make a whole clean lap from now on. Call it when rows may have become claimable (the
+        relay wakes up): a lap finished before that proves nothing about them, and an empty
+        window in front of them (keys whose heads are parked or leased) must not say idle."""
+        self._laps = {"keys": "dirty", "ids": "dirty"}
+        self.idle = False
 
     def _lap(self, cursor: str, *, started: bool, found: bool, ended: bool) -> None:
         state = self._laps[cursor]
@@ -509,15 +518,19 @@ _CLEANUP = sql.SQL(
     """
 )
 
+# A row is parked when it has max_attempts failed attempts, or when it was parked (due at
+# 'infinity') under a smaller max_attempts: raising RELAY_MAX_ATTEMPTS, or a status or requeue run
+# without the relay's value, must not turn parked rows into pending ones no claim can reach.
+_PARKED_ROW = sql.SQL("(attempts >= %(max_attempts)s OR available_at = 'infinity')")
+
 _STATUS = sql.SQL(
     """
-    SELECT count(*) FILTER (WHERE published_at IS NULL AND attempts < %(max_attempts)s),
-           count(*) FILTER (WHERE published_at IS NULL AND attempts BETWEEN 1
-                                  AND %(max_attempts)s - 1),
+    SELECT count(*) FILTER (WHERE published_at IS NULL AND NOT {parked}),
+           count(*) FILTER (WHERE published_at IS NULL AND attempts >= 1 AND NOT {parked}),
            count(*) FILTER (WHERE published_at IS NULL AND claimed_until > now()),
-           count(*) FILTER (WHERE published_at IS NULL AND attempts >= %(max_attempts)s),
+           count(*) FILTER (WHERE published_at IS NULL AND {parked}),
            extract(epoch FROM now() - min(created_at)
-                   FILTER (WHERE published_at IS NULL AND attempts < %(max_attempts)s)),
+                   FILTER (WHERE published_at IS NULL AND NOT {parked})),
            count(*) FILTER (WHERE published_at >= now() - interval '1 minute'),
            count(*) FILTER (WHERE published_at IS NOT NULL)
       FROM {table}
@@ -528,7 +541,7 @@ _PARKED = sql.SQL(
     """
     SELECT event_id, destination, partition_key, attempts, last_error, created_at
       FROM {table}
-     WHERE published_at IS NULL AND attempts >= %(max_attempts)s
+     WHERE published_at IS NULL AND {parked}
      ORDER BY id
      LIMIT %(limit)s
     """
@@ -537,7 +550,7 @@ _PARKED = sql.SQL(
 _REQUEUE = sql.SQL(
     """
     UPDATE {table} SET attempts = 0, available_at = now(), claimed_by = NULL, claimed_until = NULL
-     WHERE published_at IS NULL AND attempts >= %(max_attempts)s
+     WHERE published_at IS NULL AND {parked}
        AND (%(all)s OR event_id = ANY(%(event_ids)s::uuid[]))
     """
 )
