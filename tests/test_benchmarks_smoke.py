@@ -1,5 +1,6 @@
 """Smoke run of the benchmarks (``python -m benchmarks run --smoke``): a few hundred messages
-through every scenario except the relay; checks that the files exist and carry numbers.
+through every scenario except the relay (plus a 2,000-row relay drain and a 2-process scale-out
+round); checks that the files exist and carry numbers.
 Figures are not asserted. Needs PostgreSQL, RabbitMQ, Redis and the ``bench`` extra."""
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def test_smoke_run_writes_results_report_and_charts(tmp_path: Path) -> None:
     for variant in ("ck", "powertools"):
         assert isinstance(scenarios["crash"][variant]["lost"], int)
         assert isinstance(scenarios["crash"][variant]["applied_more_than_once"], int)
+
+    for run in scenarios["drain"]["runs"].values():  # relay drain under stale statistics
+        assert run["pending_after"] == 0 and isinstance(run["rows_per_s"], int), run.get("error", run)
+    assert isinstance(scenarios["scaleout"]["by_processes"]["2"]["ratio_ck_naive"]["median"], float)
 
     report = (tmp_path / "REPORT.md").read_text()
     assert "Cost of idempotency" in report and "| 8 |" in report
