@@ -460,13 +460,21 @@ class Runtime:
             # A processing row whose lease expired was committed by a run that died (a handler
             # with external effects, or one that committed its own transaction). This handler
             # declares no external effects, so nothing can reconcile it: never run it again
-            # blindly (DESIGN.md "External effects").
+            # blindly (DESIGN.md "External effects"). Park it in this transaction, as the run
+            # that died would have: such a row may carry no watch_since (a transactional claim
+            # committed by the handler), and the gauges and `ledger list` see only watched rows.
+            detail = (
+                f"operation {identity.scope}/{identity.key} is processing under an expired "
+                f"lease of {claim.row.lease_owner} and {type(decoded.handler).__name__} has no "
+                "external_effects to reconcile it: resolve it with `consumer-kit ledger`"
+            )
+            async with bounded(self.settings.statement_timeout, "parking"):
+                await self.ledger.park(
+                    conn, identity, message_id=envelope.message_id, error_class="LeaseExpired", detail=detail
+                )
             return Decision(
                 Outcome.UNCERTAIN, Settlement.DEAD_LETTER,
-                reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
-                detail=f"operation {identity.scope}/{identity.key} is processing under an expired "
-                f"lease of {claim.row.lease_owner} and {type(decoded.handler).__name__} has no "
-                "external_effects to reconcile it: resolve it with `consumer-kit ledger`",
+                reason=DeadLetterReason.NEEDS_RECONCILIATION.value, detail=detail,
             )
         assert claim.xid is not None  # the claim inserted: the transaction has an id
         crashpoints.reached(CrashPoint.AFTER_CLAIM)

@@ -274,7 +274,21 @@ class RequestPipeline:
         except pg_errors.LockNotAvailable as exc:
             raise _ClaimBusy from exc
         if not claim.claimed:  # step 5
-            return _Answer(self._answer_existing(claim.row, identity, endpoint, parts), commit=False)
+            answer = self._answer_existing(claim.row, identity, endpoint, parts)
+            row = claim.row
+            if row is not None and row.state == ledger_states.PROCESSING and not row.lease_live:
+                # A claim the endpoint committed itself, whose process died before it could park
+                # it: park it now, in this transaction, so that the gauges and `ledger list` (which
+                # read watched rows only, ledger migration 5) see it. Another fingerprint's row is
+                # left as it is (the park matches the stored fingerprint only).
+                async with bounded(self.settings.statement_timeout, "parking"):
+                    await self.ledger.park(
+                        conn, identity, message_id=None, error_class="LeaseExpired",
+                        detail="processing under an expired lease: the endpoint ended its own transaction "
+                        "and its process died before the key was parked",
+                    )
+                return _Answer(answer, commit=True)
+            return _Answer(answer, commit=False)
         assert claim.xid is not None  # the claim inserted: the transaction has an id
         await conn.execute(_SAVEPOINT)
         operation = Operation(conn, identity, client)
