@@ -52,6 +52,8 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
         InvalidMessage: with the specific dead-letter reason (``invalid_json``, ``invalid_number``,
             ``schema_mismatch``, ``missing_operation_key``, ``invalid_operation_key``,
             ``invalid_header``, ``unknown_message_type``).
+        Exception: whatever a handler's own hook raised (``operation_key``, ``tenant``,
+            ``partition_key``, ``projection``): the runtime counts it as a handler fault.
     """
     handler = route(app, queue, envelope)
     if len(body) > MAX_BODY_BYTES:
@@ -76,6 +78,8 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
         raise InvalidMessage(DeadLetterReason.INVALID_NUMBER, str(exc)) from None
     except UnicodeEncodeError:  # a surrogate a validator produced: not Unicode (RFC 8259 8.2)
         raise InvalidMessage(DeadLetterReason.INVALID_JSON, "a value holds a lone surrogate") from None
+    except RecursionError:  # strict JSON reads ~1000 levels; the canonical form recurses deeper
+        raise InvalidMessage(DeadLetterReason.INVALID_JSON, "a value is nested too deeply to fingerprint") from None
     assert message_fingerprint is not None  # the current version is always known
     identity = OperationIdentity(
         tenant=tenant,

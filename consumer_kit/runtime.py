@@ -173,9 +173,15 @@ class Runtime:
         with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
             try:
-                decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # steps 2, 3
-                span.decoded(decoded, envelope)
-                decision = await self._admitted(delivery, decoded, envelope)  # steps 4 to 8
+                try:
+                    decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # steps 2, 3
+                except (InvalidMessage, SimulatedCrash):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
+                    decision = self._after_hook_fault(delivery, exc)
+                else:
+                    span.decoded(decoded, envelope)
+                    decision = await self._admitted(delivery, decoded, envelope)  # steps 4 to 8
             except InvalidMessage as exc:
                 decision = Decision(
                     Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail
@@ -641,6 +647,30 @@ class Runtime:
         if contention:
             return self._after_contention(delivery, identity, counts, error_class, described)
         return self._after_handler_fault(delivery, identity, counts, error_class, described)
+
+    def _after_hook_fault(self, delivery: Delivery, exc: Exception) -> Decision:
+        """A handler's own hook (``operation_key``, ``tenant``, ``partition_key``, ``projection``)
+        raised before the delivery had an identity: a handler fault, retried with backoff and
+        dead-lettered after ``max_deliveries``, counted by the broker's delivery count (no
+        operation to count it against). Never given back uncounted: it would loop forever."""
+        limit = self.settings.max_deliveries
+        count = max(delivery.delivery_count, 1)
+        error_class = type(exc).__name__
+        described = describe_error(exc)
+        last = count >= limit
+        logger.log(
+            logging.ERROR if last else logging.WARNING,
+            "handler hook error %s on queue=%s message_id=%s delivery %s of %s: %s",
+            described, delivery.queue, delivery.message_id, count, limit,
+            "dead-lettering" if last else "will retry",
+        )
+        if last:
+            return Decision(
+                Outcome.DEAD_LETTERED, Settlement.DEAD_LETTER,
+                reason=f"{DeadLetterReason.MAX_DELIVERIES.value}:{error_class}",
+                detail=f"{described} in a handler hook before the claim, on delivery {count} of {limit}",
+            )
+        return Decision(Outcome.RETRIED, Settlement.RETRY, delay=self.settings.retry_delay(count), reason=error_class)
 
     def _after_handler_fault(
         self, delivery: Delivery, identity: OperationIdentity, counts: AttemptCounts,

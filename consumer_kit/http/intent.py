@@ -109,6 +109,8 @@ class RequestIntent:
             return fingerprint_of(self.projection(request))
         except UnsupportedNumber as exc:
             raise InvalidBody(f"a number the fingerprint cannot compare by value: {exc}") from None
+        except RecursionError:  # strict JSON reads ~1000 levels; the canonical form recurses deeper
+            raise InvalidBody("the body is nested too deeply to fingerprint") from None
 
     def _body(self, body: bytes, content_type: str | None) -> Any:
         if not body:
