@@ -175,7 +175,7 @@ class ServiceBusDeadLetters(DeadLetterQueues):
         """Move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
         by one peek pass, then copy and complete each (module docstring). ``failed`` counts copies
         Service Bus refused or that do not fit the queue's size limit, and chosen messages that
-        were never received; all of them stay in the dead-letter queue.
+        were never received; they stay in the dead-letter queue (unless removed meanwhile).
 
         Raises:
             ConfigurationError: ``queue`` is a topic subscription (see the module docstring), not
@@ -198,14 +198,15 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             for message in page:
                 letter = dead_letter_of(message, queue)
                 selected = select(letter)
-                if selected:
-                    chosen.add(message.sequence_number or 0)
-                    report.redriven += 1 if dry_run else 0
-                else:
+                if not selected:
                     report.kept += 1
+                elif dry_run:
+                    report.redriven += 1
+                else:
+                    chosen.add(message.sequence_number or 0)
                 if progress is not None and (dry_run or not selected):
                     progress(letter, selected)
-        if chosen and not dry_run:
+        if chosen:
             await self._move(entity, queue, chosen, report, progress)
         return report
 
