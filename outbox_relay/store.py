@@ -178,7 +178,7 @@ class OutboxStore:
         self._status = _STATUS.format(table=table, parked=_PARKED_ROW)
         self._parked = _PARKED.format(table=table, parked=_PARKED_ROW)
         self._requeue = _REQUEUE.format(table=table, parked=_PARKED_ROW)
-        self._pending_destinations = _PENDING_DESTINATIONS.format(table=table)
+        self._pending_destinations = _PENDING_DESTINATIONS.format(table=table, parked=_PARKED_ROW)
 
     async def claim(
         self, conn: AsyncConnection[Any], limit: int, *, ordered: bool = True
@@ -333,8 +333,9 @@ class OutboxStore:
         return cur.rowcount
 
     async def pending_destinations(self, conn: AsyncConnection[Any]) -> set[str]:
-        """Distinct destinations of unpublished rows (checked against the map at start-up)."""
-        cur = await conn.execute(self._pending_destinations)
+        """Distinct destinations of pending rows (unpublished, not parked), checked against the map
+        at start-up."""
+        cur = await conn.execute(self._pending_destinations, {"max_attempts": self.max_attempts})
         return {row[0] for row in await cur.fetchall()}
 
 
@@ -555,6 +556,8 @@ _REQUEUE = sql.SQL(
     """
 )
 
+# Parked rows are left out: a row parked for an unknown destination must not keep the relay from
+# starting (and every other row from being published).
 _PENDING_DESTINATIONS = sql.SQL(
-    "SELECT DISTINCT destination FROM {table} WHERE published_at IS NULL"
+    "SELECT DISTINCT destination FROM {table} WHERE published_at IS NULL AND NOT {parked}"
 )

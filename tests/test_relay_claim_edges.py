@@ -9,7 +9,7 @@ from psycopg import sql
 
 from adapters.memory import MemoryBroker, MemoryPublisher
 from consumer_kit.stats import StatsReader
-from outbox_relay import Relay
+from outbox_relay import Relay, RouteTarget
 from outbox_relay.store import OutboxStore
 from tests.harness import throwaway_schema
 from tests.test_relay_support import Event, connect, relay_settings, write_events
@@ -68,3 +68,30 @@ async def test_parked_rows_stay_parked_and_requeueable_when_max_attempts_is_rais
                 if raised.idle:
                     break
             assert claimed == set(ids)
+
+
+async def test_a_row_parked_for_an_unknown_destination_does_not_keep_the_relay_from_starting(
+    database_url: str,
+) -> None:
+    """The start-up check refuses destinations of *pending* rows the map does not know (fail
+    fast on a wrong map). A row that arrived later with an unknown destination is parked at once;
+    it used to count too, so the next restart of the relay refused to start at all and no event
+    of the outbox was published until someone deleted the row or edited the map."""
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        broker = MemoryBroker()
+        targets = {"orders": RouteTarget(exchange="orders.v2")}
+        settings = relay_settings(database_url, schema, "memory://edges", relay_destinations=targets)
+        relay = Relay(settings, publisher=MemoryPublisher(broker))
+        await relay.start(listen=False)
+        try:
+            async with await connect(database_url) as conn:
+                await write_events(conn, schema, [Event("mystery")])
+            await relay.relay_until_idle()
+            assert relay.counters["unknown_destination"] == 1  # parked at once
+        finally:
+            await relay.close()
+        async with await connect(database_url) as conn:
+            (healthy,) = await write_events(conn, schema, [Event("orders")])
+        restarted = Relay(settings, publisher=MemoryPublisher(broker))
+        await restarted.run(once=True)
+        assert [r.message.message_id for r in broker.published] == [str(healthy)]
