@@ -251,14 +251,30 @@ def pending_count(conn: psycopg.Connection[Any], schema: str) -> int:
 # -- the drain: the relay in a child process ---------------------------------------------------
 
 
+def candidate_mark_published(schema: str) -> sql.Composed:
+    """A candidate for the relay's mark statement, measured with ``--candidate-mark`` (NOT what
+    the relay ships): the shipped ``WHERE id = ANY(ids) AND published_at IS NULL`` lets stale
+    statistics pick a full scan of a partial index on ``published_at IS NULL`` (they say it holds
+    about one row), O(backlog) per mark; the same test written so that no partial index
+    predicate matches leaves the primary key as the only index that fits."""
+    return sql.SQL(
+        "UPDATE {} SET published_at = now(), attempts = attempts + 1, claimed_by = %(relay_id)s, "
+        "claimed_until = NULL WHERE id = ANY(%(ids)s) "
+        "AND coalesce(published_at, '-infinity'::timestamptz) = '-infinity'::timestamptz"
+    ).format(_table(schema))
+
+
+
 def drain(db_url: str, amqp_url: str, schema: str, *, n: int, ordered: bool, timeout: float,
-          pgoptions: str | None = None) -> dict[str, Any]:
+          pgoptions: str | None = None, candidate_mark: bool = False) -> dict[str, Any]:
     """Run the relay child until ``n`` rows are marked published (or ``timeout`` seconds pass, or
     one claim takes over 5 s); its JSON result plus the wall time of the whole child (start-up
     included). ``pgoptions``: the relay's PostgreSQL session settings (``PGOPTIONS``)."""
     cmd = [sys.executable, "-m", "benchmarks.drain_bench", "relay", "--schema", schema,
            "--expect", str(n), "--database-url", db_url, "--broker-url", amqp_url,
            "--ordered" if ordered else "--unordered", "--timeout", str(timeout)]
+    if candidate_mark:
+        cmd.append("--candidate-mark")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if pgoptions:
         env["PGOPTIONS"] = pgoptions
@@ -283,6 +299,8 @@ async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
         relay_ordered=args.ordered, relay_id="drain-bench", relay_poll_interval=0.5,
     )
     relay = Relay(settings)
+    if args.candidate_mark:
+        relay.store._mark_published = candidate_mark_published(args.schema)
     claims: list[tuple[float, float, int]] = []  # (wall start, seconds, rows)
     batches: list[tuple[float, int]] = []  # (wall end, rows marked)
     claim = relay.store.claim
@@ -394,12 +412,14 @@ def drain_timeout(n: int) -> float:
 
 
 def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None,
-        relay_pgoptions: str | None = None, statistics_mode: str = "stale") -> dict[str, Any]:
+        relay_pgoptions: str | None = None, statistics_mode: str = "stale",
+        candidate_mark: bool = False) -> dict[str, Any]:
     """The drain scenario for ``mode`` (``smoke``, ``quick``, ``full``); returns its results.
     ``relay_pgoptions``: PostgreSQL session settings for the relay (``PGOPTIONS``), to measure a
     candidate plan fix without changing the relay; default none (the relay as shipped).
     ``statistics_mode``: ``stale`` (the scenario) or ``analyzed`` (a control: ANALYZE after each
-    fill, so the planner knows the backlog)."""
+    fill, so the planner knows the backlog). ``candidate_mark``: the relay marks rows with
+    :func:`candidate_mark_published` instead of its own statement (a measured proposal)."""
     sizes = sizes or SIZES[mode]
     history = HISTORY[mode] if history is None else history
     db_url = common.ensure_database()
@@ -407,7 +427,8 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
     amqp_url, vhost = open_vhost()
     out: dict[str, Any] = {"sizes": sizes, "keys": KEYS, "sink_max_length": SINK_MAX_LENGTH,
                            "vhost": vhost or urlparse(amqp_url).path or "/",
-                           "relay_pgoptions": relay_pgoptions, "statistics": statistics_mode, "runs": {}}
+                           "relay_pgoptions": relay_pgoptions, "statistics": statistics_mode,
+                           "candidate_mark": candidate_mark, "runs": {}}
     try:
         asyncio.run(_declare_sink(amqp_url))
         out.update(prepare(db_url, schema, history))
@@ -418,7 +439,7 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
             for ordered in variants:
                 name = f"{'ordered' if ordered else 'unordered'}_{n}"
                 out["runs"][name] = one_run(db_url, amqp_url, schema, n=n, ordered=ordered,
-                                            pgoptions=relay_pgoptions,
+                                            pgoptions=relay_pgoptions, candidate_mark=candidate_mark,
                                             analyze=statistics_mode == "analyzed")
                 r = out["runs"][name]
                 logger.info("drain %s: %s s, %s rows/s, claim p50 %s ms", name, r.get("drain_seconds"),
@@ -432,7 +453,7 @@ def run(mode: str, *, sizes: list[int] | None = None, history: int | None = None
 
 
 def one_run(db_url: str, amqp_url: str, schema: str, *, n: int, ordered: bool,
-            pgoptions: str | None = None, analyze: bool = False) -> dict[str, Any]:
+            pgoptions: str | None = None, analyze: bool = False, candidate_mark: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     with psycopg.connect(db_url, autocommit=True) as conn:
         _insert(conn, schema, n, keyed=ordered, published=False)
@@ -444,7 +465,7 @@ def one_run(db_url: str, amqp_url: str, schema: str, *, n: int, ordered: bool,
     probe = asyncio.run(probe_claims(db_url, schema, ordered=ordered, batch=200, pgoptions=pgoptions))
     load_before = os.getloadavg()[0]
     result = drain(db_url, amqp_url, schema, n=n, ordered=ordered, timeout=drain_timeout(n),
-                   pgoptions=pgoptions)
+                   pgoptions=pgoptions, candidate_mark=candidate_mark)
     with psycopg.connect(db_url, autocommit=True) as conn:
         left = pending_count(conn, schema)
         if left:  # an unfinished drain: clear its rows (untimed) so the next run starts clean
@@ -492,7 +513,11 @@ def report_lines(d: dict[str, Any]) -> list[str]:
            "believes (almost) nothing is pending (estimate column). " if stale else
            "`ANALYZE` after each fill (the planner knows the backlog). ")
         + f"Ordered: {d['keys']:,} partition keys. Relay session settings: "
-        f"`{d.get('relay_pgoptions') or 'none (as shipped)'}`. Runs that hit a limit (a claim over "
+        f"`{d.get('relay_pgoptions') or 'none (as shipped)'}`; mark statement: "
+        + ("**candidate** (`coalesce(published_at, '-infinity') = '-infinity'` instead of "
+           "`published_at IS NULL`, see `candidate_mark_published`), not the shipped one. "
+           if d.get("candidate_mark") else "as shipped. ")
+        + "Runs that hit a limit (a claim over "
         "5 s, or 20 s + 2 ms per row) show no drain time and the rate they reached.",
         "",
         "| backlog N | ordering | planner's pending estimate | drain s | rows/s | s per 1k rows vs smallest N "
@@ -553,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     child.add_argument("--unordered", dest="ordered", action="store_false")
     child.add_argument("--timeout", type=float, default=600.0)
     child.add_argument("--max-claim-seconds", type=float, default=5.0)
+    child.add_argument("--candidate-mark", action="store_true")
     parser.add_argument("--mode", choices=sorted(SIZES), default="quick")
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--history", type=int, default=None)
@@ -560,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="PostgreSQL session settings for the relay, e.g. '-c enable_sort=off'")
     parser.add_argument("--statistics", choices=["stale", "analyzed"], default="stale",
                         help="stale (the scenario) or analyzed (control: ANALYZE after each fill)")
+    parser.add_argument("--candidate-mark", action="store_true",
+                        help="mark rows with candidate_mark_published() (a proposal, not the shipped relay)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -570,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(relay_child(args))), flush=True)
         return 0
     results = run(args.mode, sizes=args.sizes, history=args.history, relay_pgoptions=args.relay_pgoptions,
-                  statistics_mode=args.statistics)
+                  statistics_mode=args.statistics, candidate_mark=args.candidate_mark)
     results["mode"] = args.mode
     results["started_by"] = "python -m benchmarks.drain_bench"
     text = json.dumps(results, indent=2, default=str)

@@ -51,11 +51,11 @@ CONCURRENCY = 8
 # messages per run, rounds, process counts, pgbench seconds, NOTIFY process counts
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": {"messages": 300, "rounds": 1, "processes": [2], "pgbench_seconds": 1,
-              "notify_processes": [2], "uvloop_concurrency": [8]},
-    "quick": {"messages": 4000, "rounds": 3, "processes": [1, 2, 4], "pgbench_seconds": 3,
-              "notify_processes": [2, 4], "uvloop_concurrency": [8]},
-    "full": {"messages": 15000, "rounds": 5, "processes": [1, 2, 4], "pgbench_seconds": 10,
-             "notify_processes": [2, 4], "uvloop_concurrency": [8, 32]},
+              "notify_processes": [2], "notify_pgbench_clients": [8], "uvloop_concurrency": [8]},
+    "quick": {"messages": 2500, "rounds": 3, "processes": [1, 2, 4], "pgbench_seconds": 3,
+              "notify_processes": [4], "notify_pgbench_clients": [8, 32], "uvloop_concurrency": [8]},
+    "full": {"messages": 10000, "rounds": 5, "processes": [1, 2, 4], "pgbench_seconds": 10,
+             "notify_processes": [2, 4], "notify_pgbench_clients": [8, 16, 32], "uvloop_concurrency": [8, 32]},
 }
 
 
@@ -264,8 +264,8 @@ def scenario_notify(mode: str, db_url: str) -> dict[str, Any]:
         rates = entry.pop("_rates")
         entry["ratio_off_on"] = paired_ratio(rates["notify_off"], rates["notify_on"])
         out["by_processes"][str(p)] = entry
-    clients = sorted({CONCURRENCY, *(p * CONCURRENCY for p in cfg["notify_processes"]), 32})
-    out["pgbench"] = pgbench_ceilings(db_url, clients, cfg["pgbench_seconds"], notify_off=True)
+    out["pgbench"] = pgbench_ceilings(db_url, cfg["notify_pgbench_clients"], cfg["pgbench_seconds"],
+                                      notify_off=True)
     return out
 
 
