@@ -368,23 +368,32 @@ class _LeasedRun:
             await asyncio.gather(renewer, return_exceptions=True)
 
     async def _renew_until_lost(self, owner: asyncio.Task[Any]) -> None:
+        """Renew every third of the lease. The attempt is stopped at ``deadline``, a tenth of the
+        lease before the ledger's lease runs out (counted from when the last successful renewal
+        was sent, which is no later than the database's ``now()``), whatever a renewal in
+        flight is doing: a renewal that hangs must not let the attempt outlive its lease."""
         lease = self.path.settings.lease_seconds
         interval = max(lease / 3, _MIN_RENEW_INTERVAL)
+        margin = lease / 10
         loop = asyncio.get_running_loop()
-        held_until = loop.time() + lease
+        deadline = loop.time() + lease - margin
         while True:
-            await asyncio.sleep(interval)
-            try:
-                renewed = await self.path._statement(
-                    lambda conn: self.path.ledger.renew(conn, self.identity, self.fence, lease), "lease renewal"
-                )
-            except Exception as exc:  # noqa: BLE001 - the database may be back before the lease runs out
-                logger.warning("lease renewal failed (%s) scope=%s operation_key=%s",
-                               type(exc).__name__, self.identity.scope, self.identity.key)
-                renewed = None
+            await asyncio.sleep(max(0.0, min(interval, deadline - loop.time())))
+            sent = loop.time()
+            renewed: bool | None = None
+            if sent < deadline:
+                try:
+                    async with asyncio.timeout(deadline - sent):
+                        renewed = await self.path._statement(
+                            lambda conn: self.path.ledger.renew(conn, self.identity, self.fence, lease),
+                            "lease renewal",
+                        )
+                except Exception as exc:  # noqa: BLE001 - the database may be back before the deadline
+                    logger.warning("lease renewal failed (%s) scope=%s operation_key=%s",
+                                   type(exc).__name__, self.identity.scope, self.identity.key)
             if renewed:
-                held_until = loop.time() + lease
-            if renewed is False or loop.time() >= held_until:
+                deadline = sent + lease - margin
+            if renewed is False or loop.time() >= deadline:
                 self.lost = "lease taken over" if renewed is False else "lease could not be renewed in time"
             elif not await self.delivery.renew_lock():
                 self.lost = "the broker's peek-lock was lost"

@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -214,6 +215,52 @@ async def test_renewal_keeps_a_handler_three_leases_long_and_duplicates_wait(
     assert await ledger_row(nenv, "welcome-10") == ("completed", 1, None)  # never taken over
 
 
+class CancelRecordingHandler(SlowProviderHandler):
+    """Records when the attempt was cancelled (wall clock, seconds since the epoch)."""
+
+    def __init__(self, provider: ProviderClient, hold: float) -> None:
+        super().__init__(provider, hold)
+        self.cancelled = asyncio.Event()
+        self.cancelled_at: float | None = None
+
+    async def handle(self, message: SendWelcome, ctx: Context) -> Result:
+        try:
+            return await super().handle(message, ctx)
+        except asyncio.CancelledError:
+            self.cancelled_at = time.time()
+            self.cancelled.set()
+            raise
+
+
+async def test_a_renewal_that_hangs_stops_the_attempt_before_its_lease_runs_out(
+    nenv: ResilienceEnv, provider: FakeProvider
+) -> None:
+    """The ledger row is locked by someone else, so the lease renewal hangs (lock and statement
+    timeouts far longer than the lease). The attempt must stop while the ledger's lease still
+    holds, not when the hung renewal gives up: a second worker may take the lease over at expiry,
+    and two attempts must never call the provider at once. Nothing is sent, the delivery is
+    released as lease_lost."""
+    handler = CancelRecordingHandler(ProviderClient(provider.url), hold=60)
+    settings = {**LEASED, "lease_seconds": 5, "lock_timeout": 60, "statement_timeout": 60}
+    async with nenv.run(app_with(handler, nenv.queue), **settings):
+        await nenv.send(welcome(12), message_type="SendWelcome")
+        await asyncio.wait_for(handler.calling.wait(), 10)
+        async with await psycopg.AsyncConnection.connect(
+            nenv.database_url, options=f"-c search_path={nenv.schema}"
+        ) as blocker:  # not autocommit: the row lock is held until the rollback
+            await blocker.execute("SELECT 1 FROM operations WHERE key = 'welcome-12' FOR UPDATE")
+            await asyncio.wait_for(handler.cancelled.wait(), 30)
+            cur = await blocker.execute(
+                "SELECT extract(epoch FROM lease_expires_at) FROM operations WHERE key = 'welcome-12'"
+            )
+            (expires_at,) = await cur.fetchone()
+            await blocker.rollback()
+        (lost, *_rest) = await nenv.next_reports(1)
+    assert handler.cancelled_at is not None and handler.cancelled_at < float(expires_at)
+    assert lost.outcome == Outcome.LEASE_LOST
+    assert provider.sent == []
+
+
 async def test_a_worker_whose_lease_was_taken_over_cannot_complete(
     nenv: ResilienceEnv, provider: FakeProvider
 ) -> None:
@@ -370,6 +417,8 @@ async def test_an_operator_lists_shows_and_resolves_a_parked_operation_and_its_r
         assert detail["summary"]["state"] == "needs_reconciliation"
         assert [e["name"] for e in detail["evidence"]] == ["send"]
         assert detail["result_body"] is None and detail["attempts"]["failures"] == 1
+        bare = await asyncio.to_thread(ledger_cli, nenv, "show", "email.welcome", "welcome-14")
+        assert bare.returncode == 2 and "a scope is tenant/operation type/version" in bare.stderr
         refused = await asyncio.to_thread(ledger_cli, nenv, "resolve", "default/email.welcome/v1", "welcome-14", "--completed")
         assert refused.returncode == 2 and "--note is required" in refused.stderr
         resolved = await asyncio.to_thread(
