@@ -72,6 +72,8 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
     if len(tenant) > MAX_SCOPE_PART_LENGTH:
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
+    if "/" in tenant:  # the scope "<tenant>/<operation_type>/v<n>" must read one way only
+        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id contains '/'")
     try:
         message_fingerprint = handler.fingerprint_under(message, handler.projection_version)
     except UnsupportedNumber as exc:  # e.g. "NaN" or "1E+5000" in a string, read as a number

@@ -247,8 +247,15 @@ class Handler(Generic[M]):
             cls.message_type = cls.model.__name__
 
     def __init__(self) -> None:
-        if not getattr(type(self), "operation_type", None):
+        operation_type = getattr(type(self), "operation_type", None)
+        if not operation_type:
             raise ConfigurationError(f"{type(self).__name__} must set operation_type")
+        if "/" in operation_type or not operation_type.isprintable():
+            # the scope "<tenant>/<operation_type>/v<n>" must read one way only
+            raise ConfigurationError(
+                f"{type(self).__name__}.operation_type={operation_type!r}: no '/' and no control "
+                "characters (e.g. 'invoice.create')"
+            )
         if not hasattr(type(self), "model"):
             raise ConfigurationError(
                 f"{type(self).__name__} must subclass Handler[YourModel] with a pydantic model"

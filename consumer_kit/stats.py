@@ -91,7 +91,7 @@ _OPERATIONS = """
 
 # The operation type is the middle of the scope "<tenant>/<operation_type>/v<version>".
 _ATTEMPTS = """
-    SELECT coalesce(substring(a.scope FROM '^[^/]*/(.*)/v[0-9]+$'), a.scope) AS operation_type,
+    SELECT coalesce(substring(a.scope FROM '([^/]*)/v[0-9]+$'), a.scope) AS operation_type,
            e ->> 'kind' AS kind, count(*)
       FROM {attempts} AS a CROSS JOIN LATERAL jsonb_array_elements(a.history) AS e
      WHERE a.updated_at >= {since} AND (e ->> 'at')::timestamptz >= {since}

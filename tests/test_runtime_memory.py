@@ -123,6 +123,16 @@ def test_a_synchronous_handle_is_refused_at_start() -> None:
         Sync()
 
 
+@pytest.mark.parametrize("operation_type", ["invoice/create", "invoice.create\n"])
+def test_an_operation_type_that_would_make_scopes_ambiguous_is_refused(operation_type: str) -> None:
+    class Slashed(CreateInvoiceHandler):
+        pass
+
+    Slashed.operation_type = operation_type
+    with pytest.raises(ConfigurationError, match="no '/' and no control characters"):
+        Slashed()
+
+
 async def test_memory_broker_release_is_uncounted_and_a_suspect_stays_a_suspect() -> None:
     broker = MemoryBroker(lock_timeout=0.3)
     broker.send(QUEUE, b"{}")

@@ -213,6 +213,8 @@ CASES: list[Case] = [
     one("tenant_not_utf8", GOOD_BYTES, "dead:invalid_header", headers={"tenant-id": b"\xff"}),
     one("tenant_too_long", GOOD_BYTES, "dead:invalid_header", headers={"tenant-id": "t" * 201}),
     one("tenant_control_char", GOOD_BYTES, "dead:invalid_header", headers={"tenant-id": "t\x07"}),
+    # "a/invoice.create" + "/invoice.create/v1" would read as another tenant's scope
+    one("tenant_with_slash", GOOD_BYTES, "dead:invalid_header", headers={"tenant-id": "a/invoice.create"}),
     one("message_type_int", GOOD_BYTES, "dead:invalid_header", message_type=5),
     one("message_type_unknown", GOOD_BYTES, "dead:unknown_message_type", message_type="DropTables"),
     one("message_type_absent_single_handler", GOOD_BYTES, "executed", message_type=False),
