@@ -110,11 +110,18 @@ def redrive(
     settings = _settings()
     application = _app(app)
     keys = set(key or [])
+    keyless = 0  # dead letters --key could not match: no header operation-id and no --app
 
     def select(letter: DeadLetter) -> bool:
+        nonlocal keyless
         if reason is not None and letter.reason != reason and letter.reason.split(":", 1)[0] != reason:
             return False
-        return not keys or _operation_key(application, letter) in keys
+        if not keys:
+            return True
+        found = _operation_key(application, letter)
+        if found is None and application is None:
+            keyless += 1
+        return found in keys
 
     async def move(dead: DeadLetterQueues) -> RedriveReport:
         total = await dead.count(queue)
@@ -130,6 +137,12 @@ def redrive(
     report = _with_dead_letters(settings, move)
     verb = "would redrive" if dry_run else "redrove"
     typer.echo(f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed} (queue {queue})")
+    if keyless:
+        typer.echo(
+            f"note: {keyless} dead letter(s) carry no operation-id header, so --key cannot match them: "
+            "pass --app package.module:app to compute the keys their handlers derive from the body",
+            err=True,
+        )
     if report.failed:
         raise typer.Exit(1)
 

@@ -79,7 +79,8 @@ def list_operations(
         return
     table = Table(title=f"{state} operations in {settings.db_schema} ({len(rows)})")
     for column in ("scope", "key", "attempts", "updated", "lease", "reason"):
-        table.add_column(column)
+        # scope and key are whole (folded, never cut with ...): they are what `ledger show` takes
+        table.add_column(column, overflow="fold" if column in ("scope", "key") else "ellipsis")
     now = dt.datetime.now(dt.UTC)
     for row in rows:
         table.add_row(
@@ -103,7 +104,11 @@ def show(
     inspector = LedgerInspector(settings.db_schema)
     detail = _run(settings, lambda conn: inspector.show(conn, scope, key, bodies=bodies))
     if detail is None:
-        fail(f"no operation {scope} {key} in schema {settings.db_schema}")
+        hint = "" if scope.count("/") >= 2 else (
+            "; a scope is tenant/operation type/version, e.g. default/invoice.create/v1"
+            " (`consumer-kit ledger list --json` prints whole scopes)"
+        )
+        fail(f"no operation {scope} {key} in schema {settings.db_schema}{hint}")
     if as_json:
         typer.echo(json.dumps(_jsonable(dataclasses.asdict(detail)), indent=2))
         return

@@ -76,7 +76,10 @@ async def test_redrive_of_50_dead_letters_executes_the_rest_once_and_answers_the
         assert "max_deliveries_exceeded:RetryableError" in table and "ledger service down" not in table
 
         dry = await dlq(env, "redrive", env.queue, "--key", "order-7-rev-2", "--dry-run", "--app", APP)
-        assert "would redrive 1, kept 49, failed 0" in dry
+        assert "would redrive 1, kept 49, failed 0" in dry and "note:" not in dry
+        blind = await dlq(env, "redrive", env.queue, "--key", "order-7-rev-2", "--dry-run")
+        assert "would redrive 0, kept 50, failed 0" in blind  # the key is in the body: say --app
+        assert "note: 50 dead letter(s) carry no operation-id header" in blind and "--app" in blind
         assert len(json.loads(await dlq(env, "list", env.queue, "--json"))) == 50  # nothing moved
 
         moved = await dlq(env, "redrive", env.queue, "--reason", "max_deliveries_exceeded")

@@ -159,6 +159,15 @@ def test_the_example_sender_says_the_broker_is_unreachable_not_that_the_worker_i
     assert "Connect call failed" in line and "worker" not in line and "s3cret" not in line
 
 
+def test_the_example_sender_refuses_another_broker_at_once() -> None:
+    url = "sqs://127.0.0.1:9/?region=us-east-1&tls=false"
+    result = run("-m", "examples.invoices.send", "--order-id", "1", "--customer", "c", "--amount", "1",
+                 env=user_env(CONSUMER_KIT_BROKER_URL=url), timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == (f"error: examples.invoices.send publishes to RabbitMQ only, and CONSUMER_KIT_BROKER_URL "
+                             f"is {url}: on SQS or Service Bus send the command as examples/invoices/README.md shows\n")
+
+
 # -- logging ----------------------------------------------------------------------------------
 
 

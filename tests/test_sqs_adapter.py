@@ -32,7 +32,7 @@ from adapters.sqs import (
     sqs_queue_name,
 )
 from adapters.sqs.attributes import MAX_ATTRIBUTES, PACKED_ATTRIBUTE, size_of
-from adapters.sqs.errors import entry_publish_error
+from adapters.sqs.errors import describe, entry_publish_error
 from adapters.sqs.queues import QueueInfo
 from adapters.sqs.redelivery import GiveBacks
 from consumer_kit import OutboxWriter, Settings
@@ -168,6 +168,13 @@ def test_per_entry_publish_failures_map_to_publish_error_kinds() -> None:
     assert throttled.transient
     missing = entry_publish_error({"Code": "AWS.SimpleQueueService.NonExistentQueue", "SenderFault": True}, "e", "q")
     assert not missing.transient and not missing.permanent
+
+
+def test_missing_credentials_say_where_they_come_from() -> None:
+    from botocore.exceptions import NoCredentialsError
+
+    text = describe(NoCredentialsError())
+    assert "AWS_ACCESS_KEY_ID" in text and "a local server such as moto or ElasticMQ accepts any" in text
 
 
 # -- against moto ----------------------------------------------------------------------------------

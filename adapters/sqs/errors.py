@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from consumer_kit.broker import PublishError
 
@@ -87,6 +87,12 @@ def describe(exc: BaseException | None) -> str:
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         return f"{_bare(str(error.get('Code', 'ClientError')))}: {str(error.get('Message', ''))[:200]}"
+    if isinstance(exc, NoCredentialsError):  # nothing was sent: say where credentials come from
+        return (
+            "NoCredentialsError: the AWS credential chain found none (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, a role); a local server such as moto or "
+            "ElasticMQ accepts any values"
+        )
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
 

@@ -19,6 +19,7 @@ import typer
 from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Settings
 from consumer_kit.console import fail, read_settings, require_shared_broker, setup_logging
+from consumer_kit.settings import redact_url
 from examples.invoices.app import CreateInvoice
 
 QUEUE = "invoices.commands"
@@ -39,6 +40,12 @@ def main(
         require_shared_broker(settings, "examples.invoices.send")
     except ConfigurationError as exc:
         fail(str(exc))
+    if not settings.broker_url.startswith(("amqp://", "amqps://")):
+        fail(
+            f"examples.invoices.send publishes to RabbitMQ only, and CONSUMER_KIT_BROKER_URL is "
+            f"{redact_url(settings.broker_url)}: on SQS or Service Bus send the command as "
+            "examples/invoices/README.md shows"
+        )
 
     async def send() -> None:
         publisher = RabbitMQPublisher(settings.broker_url)
