@@ -181,6 +181,25 @@ class Delivery(abc.ABC):
 DeliveryCallback = Callable[[Delivery], Awaitable[None]]
 
 
+async def hand_over(delivery: Delivery, callback: DeliveryCallback, *, wanted: bool) -> None:
+    """What every adapter does with a received delivery: give it to ``callback``, or, when it is
+    not ``wanted`` (it arrived while the consumer was pausing or stopping), release it uncounted.
+    A callback that raises (it should not: the runtime settles every delivery) is logged with ids
+    only and its delivery, if still unsettled, is released. Never raises ``Exception``."""
+    if not wanted:
+        await delivery.release()
+        return
+    try:
+        await callback(delivery)
+    except Exception:
+        logger.exception(
+            "callback failed (queue=%s message_id=%s); releasing the delivery",
+            delivery.queue, delivery.message_id,
+        )
+        if delivery.settlement is None:
+            await delivery.release()
+
+
 class Consumer(abc.ABC):
     """The consuming side of a broker.
 

@@ -37,7 +37,7 @@ from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
 from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
-from consumer_kit.broker import Consumer, DeliveryCallback
+from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 from consumer_kit.settings import redact_url
 
 logger = logging.getLogger(__name__)
@@ -248,19 +248,8 @@ class RabbitMQConsumer(Consumer):
         task.add_done_callback(self._handlers.discard)
 
     async def _handle(self, subscription: Subscription, delivery: RabbitMQDelivery) -> None:
-        if not self._wants_deliveries():
-            # It was on the wire when the consumer was cancelled: give it back uncounted.
-            await delivery.release()
-            return
-        try:
-            await subscription.callback(delivery)
-        except Exception:
-            logger.exception(
-                "callback failed (queue=%s message_id=%s); releasing the delivery",
-                delivery.queue, delivery.message_id,
-            )
-            if delivery.settlement is None:
-                await delivery.release()
+        # Unwanted: it was on the wire when the consumer was cancelled (given back uncounted).
+        await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
 
     # -- one subscription lost ---------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from adapters.servicebus.pump import EntityPump, PumpContext
 from adapters.servicebus.renewal import LockKeeper
 from adapters.servicebus.sessions import SessionPumps
 from adapters.servicebus.settings import Namespace
-from consumer_kit.broker import Consumer, DeliveryCallback
+from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 
 logger = logging.getLogger(__name__)
 
@@ -187,18 +187,8 @@ class ServiceBusConsumer(Consumer):
 
     async def _handle(self, delivery: ServiceBusDelivery, callback: DeliveryCallback) -> None:
         try:
-            if not self._running.is_set():
-                # It arrived while a pause or the shutdown began: give it back, uncounted by us.
-                await delivery.release()
-                return
-            await callback(delivery)
-        except Exception:
-            logger.exception(
-                "callback failed (queue=%s message_id=%s); releasing the delivery",
-                delivery.queue, delivery.message_id,
-            )
-            if delivery.settlement is None:
-                await delivery.release()
+            # Unwanted: it arrived while a pause or the shutdown began (given back uncounted).
+            await hand_over(delivery, callback, wanted=self._running.is_set())
         finally:
             delivery.abandon_to_expiry()  # no-op once settled; unsettled: left to lapse, like a crash
 

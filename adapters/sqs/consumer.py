@@ -26,7 +26,7 @@ from adapters.sqs.lanes import GroupLanes
 from adapters.sqs.queues import QueueDirectory, QueueInfo, recommended_max_receive_count
 from adapters.sqs.settlement import Settler
 from adapters.sqs.subscription import Subscription
-from consumer_kit.broker import Consumer, DeliveryCallback
+from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 
 logger = logging.getLogger(__name__)
 
@@ -236,18 +236,7 @@ class SQSConsumer(Consumer):
         task.add_done_callback(self._handlers.discard)
 
     async def _handle(self, subscription: Subscription, delivery: SQSDelivery) -> None:
-        if not self._wants_deliveries():
-            await delivery.release()  # arrived while pausing or stopping: back, uncounted
-            return
-        try:
-            await subscription.callback(delivery)
-        except Exception:
-            logger.exception(
-                "callback failed (queue=%s message_id=%s); releasing the delivery",
-                delivery.queue, delivery.message_id,
-            )
-            if delivery.settlement is None:
-                await delivery.release()
+        await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
 
     def _give_back(self, delivery: SQSDelivery) -> None:
         task = asyncio.create_task(self._release_now(delivery), name="consumer-kit sqs release")
