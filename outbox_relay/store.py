@@ -444,7 +444,7 @@ _CLAIM = sql.SQL(
               SELECT o.id, o.claimed_by AS previous_owner
                 FROM {table} AS o
                WHERE o.id = c.id
-                 AND o.published_at IS NULL
+                 AND coalesce(o.published_at, '-infinity') = '-infinity'  -- see _BY_ID
                  AND o.attempts < %(max_attempts)s
                  AND o.available_at <= now()
                  AND (o.claimed_until IS NULL OR o.claimed_until < now())
@@ -467,12 +467,17 @@ _CLAIM = sql.SQL(
     """
 )
 
+# _BY_ID: statements that address rows by id say "unpublished" as
+# ``coalesce(published_at, '-infinity') = '-infinity'``, which no partial index's predicate
+# matches: with ``published_at IS NULL``, stale statistics (see _PLAN_BY_INDEX_ORDER) let the
+# planner read a whole pending index instead of probing the primary key (measured by the drain
+# benchmark: mark_published p50 49-68 ms at 100k pending, 2-4 ms this way).
 _MARK_PUBLISHED = sql.SQL(
     """
     UPDATE {table}
        SET published_at = now(), attempts = attempts + 1,
            claimed_by = %(relay_id)s, claimed_until = NULL
-     WHERE id = ANY(%(ids)s) AND published_at IS NULL
+     WHERE id = ANY(%(ids)s) AND coalesce(published_at, '-infinity') = '-infinity'  -- see _BY_ID
     """
 )
 
@@ -495,7 +500,8 @@ _MARK_FAILED = sql.SQL(
            claimed_until = NULL
       FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[],
                   %(transient)s::boolean[]) AS f(id, error, park, transient)
-     WHERE t.id = f.id AND t.published_at IS NULL AND t.claimed_by = %(relay_id)s
+     WHERE t.id = f.id AND coalesce(t.published_at, '-infinity') = '-infinity'  -- see _BY_ID
+       AND t.claimed_by = %(relay_id)s
     RETURNING t.id, t.attempts >= %(max_attempts)s
     """
 )
@@ -503,7 +509,8 @@ _MARK_FAILED = sql.SQL(
 _RELEASE = sql.SQL(
     """
     UPDATE {table} SET claimed_by = NULL, claimed_until = NULL
-     WHERE id = ANY(%(ids)s) AND published_at IS NULL AND claimed_by = %(relay_id)s
+     WHERE id = ANY(%(ids)s) AND coalesce(published_at, '-infinity') = '-infinity'  -- see _BY_ID
+       AND claimed_by = %(relay_id)s
     """
 )
 
