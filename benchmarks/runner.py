@@ -227,7 +227,8 @@ def explain_claim(db_url: str, schema: str) -> str:
     params = {
         "scope": "default/invoice.create/v1", "key": "order-424242424-rev-9", "tenant": "default",
         "operation_type": "invoice.create", "fingerprint": "0" * 64, "projection_version": 1,
-        "owner": "bench", "lease": 300.0, "message_id": "m",
+        "owner": "bench", "lease": 300.0, "message_id": "m", "watch": False,
+        "body_keep": None, "key_keep": None,
     }
     with psycopg.connect(db_url) as conn:
         query = b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + ledger._claim  # rendered bytes
