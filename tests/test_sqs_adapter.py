@@ -224,13 +224,18 @@ async def test_fifo_give_backs_are_no_redelivery_but_a_lapsed_lock_is(sqs: SQSCl
     url = await make_queue(sqs, name)
     await send(sqs, url, MessageGroupId="g", MessageDeduplicationId="one")
     inbox = Inbox()
-    async with consuming(sqs_endpoint, name, inbox, visibility=1, heartbeat="off"):
+    # a visibility long enough that our give-backs never race its lapse on a loaded machine
+    async with consuming(sqs_endpoint, name, inbox, visibility=30, heartbeat="off"):
         first = await inbox.next()
         assert (first.delivery_count, first.redelivered) == (1, False)
         await first.retry(0)  # our own give-back: counted, not a redelivery
         second = await inbox.next()
         assert (second.delivery_count, second.redelivered) == (2, False)
-        # nobody settles it: the visibility lapses (a crash, as SQS sees it)
+        # nobody settles it: its visibility lapses, as after a crash (made explicit on both
+        # clocks, the adapter's and SQS's, instead of waited for)
+        second.visible_until = time.monotonic()
+        await sqs.call("change_message_visibility", QueueUrl=url,
+                       ReceiptHandle=second.receipt_handles[-1], VisibilityTimeout=0)
         third = await inbox.next()
         assert (third.delivery_count, third.redelivered) == (3, True)
         await third.release()  # a suspect released stays a suspect, uncounted
