@@ -5,16 +5,32 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 
-from adapters.memory import MemoryBroker, MemoryConsumer, get_broker
-from consumer_kit.broker import Consumer, Publisher
+from adapters.memory import MemoryBroker, MemoryConsumer, MemoryDelivery, get_broker
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, wait_until
+
+
+class TrackingConsumer(MemoryConsumer):
+    """A memory consumer that keeps its deliveries, so that the driver can make their locks lapse."""
+
+    def __init__(self, broker: MemoryBroker, *, renew_locks: bool = True) -> None:
+        super().__init__(broker, renew_locks=renew_locks)
+        self.deliveries: list[MemoryDelivery] = []
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        async def keeping(delivery: Delivery) -> None:
+            assert isinstance(delivery, MemoryDelivery)
+            self.deliveries.append(delivery)
+            await callback(delivery)
+
+        await super().subscribe(queue, keeping, prefetch=prefetch)
 
 
 class MemoryDriver(Driver):
     name = "memory"
     size_limit = False  # DESIGN.md broker mapping: no size limit
-    lock_seconds = 1.0
+    lock_seconds = 1.0  # its lock and its renewal are timers of the test's own event loop: never outrun
 
     def __init__(self, queue: str) -> None:
         super().__init__(queue)
@@ -25,7 +41,13 @@ class MemoryDriver(Driver):
         self, settings: Settings, *, short_lock: bool = False, renewal: bool = True, copy_limit: int | None = None
     ) -> Consumer:
         self.broker.lock_timeout = self.lock_seconds if short_lock else 30.0
-        return MemoryConsumer(self.broker, renew_locks=renewal)
+        return TrackingConsumer(self.broker, renew_locks=renewal)
+
+    async def lapse_locks(self, consumer: Consumer) -> None:
+        assert isinstance(consumer, TrackingConsumer)
+        for delivery in consumer.deliveries:
+            if delivery.settlement is None and not delivery._lock_expired:
+                delivery._redeliver()  # what the lock timer does when it runs out
 
     async def send(self, body: bytes, headers: dict[str, str] | None = None, message_id: str | None = None) -> str:
         return self.broker.send(self.queue, body, message_id=message_id, headers=headers)

@@ -12,6 +12,7 @@ from adapters.sqs import (
     DEAD_LETTER_REASON_ATTRIBUTE,
     SQSClient,
     SQSConfig,
+    SQSConsumer,
     SQSPublisher,
     consumer_from_settings,
     headers_of,
@@ -28,7 +29,9 @@ from tests.contract.moto_server import sqs_url
 
 class SQSDriver(Driver):
     name = "sqs"
-    lock_seconds = 1.0  # visibility=1 (whole seconds on SQS)
+    # visibility=5 (whole seconds on SQS): the heartbeat (ticks of a quarter of it) extends a lock
+    # with half of it left and must be answered before the last tenth: 2 s for one round trip
+    lock_seconds = 5.0
 
     def __init__(self, queue: str, endpoint: str) -> None:
         super().__init__(queue)
@@ -70,6 +73,18 @@ class SQSDriver(Driver):
                     "set_queue_attributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(copy_limit)}
                 )
         return consumer_from_settings(settings.model_copy(update={"broker_url": sqs_url(self.endpoint, **options)}))
+
+    async def lapse_locks(self, consumer: Consumer) -> None:
+        """Each held delivery's visibility lapses on both clocks, the adapter's (``visible_until``)
+        and SQS's (``ChangeMessageVisibility`` 0): SQS hands the message out again at once."""
+        assert isinstance(consumer, SQSConsumer)
+        for delivery in consumer.heartbeat.held():
+            if delivery.settlement is None:
+                delivery.visible_until = time.monotonic()
+                await self.client.call(
+                    "change_message_visibility", QueueUrl=delivery.queue_url,
+                    ReceiptHandle=delivery.receipt_handles[-1], VisibilityTimeout=0,
+                )
 
     async def send(self, body: bytes, headers: dict[str, str] | None = None, message_id: str | None = None) -> str:
         message_id = message_id or str(uuid.uuid4())
