@@ -40,6 +40,10 @@ from tests.servicebus_server import MessageState, ServiceBusTestServer
 from tests.servicebus_server.fixtures import eventually
 
 LOCK = 1.5  # seconds: short lock duration for the tests that wait for expiry
+# seconds: the lock of the tests that must act while it holds (renew it at half its time, settle
+# after its first expiry) or settle under it: 3 s for each step, which a loaded machine does not
+# outrun (LOCK left 0.5-0.75 s, or the whole 1.5 s for a receive and a complete)
+HELD_LOCK = 6.0
 RECEIVE_WAIT = 3  # seconds the SDK waits for a message before giving up
 
 
@@ -244,12 +248,12 @@ async def test_options_changed_in_place_apply_to_new_locks(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:
     queue = server.create_queue("orders", lock_duration=30)
-    queue.configure(lock_duration=LOCK)
+    queue.configure(lock_duration=HELD_LOCK)
     await send(client, "orders", ServiceBusMessage("x"))
     async with open_receiver(client, "orders", prefetch=0) as receiver:
         message = await receive_one(receiver)
         assert message.locked_until_utc is not None and message.enqueued_time_utc is not None
-        assert (message.locked_until_utc - datetime.datetime.now(datetime.UTC)).total_seconds() < LOCK + 0.5
+        assert (message.locked_until_utc - datetime.datetime.now(datetime.UTC)).total_seconds() < HELD_LOCK + 0.5
         await receiver.complete_message(message)
 
 
@@ -290,6 +294,7 @@ async def test_lock_expiry_redelivers_to_the_next_receiver(
         assert held.delivery_count == 0
         # The receiver keeps the message without settling it: the lock runs out.
         await eventually(lambda: queue.locked_count == 0, within=LOCK + 2, what="the lock to expire")
+        queue.configure(lock_duration=HELD_LOCK)  # the redelivery's lock: time to complete it
 
         async with open_receiver(client, "orders") as second_receiver:
             redelivered = await receive_one(second_receiver)
@@ -326,21 +331,21 @@ async def test_server_side_lock_loss_is_reported_as_message_lock_lost(
 async def test_renew_message_lock_extends_the_lock(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:
-    queue = server.create_queue("orders", lock_duration=LOCK)
+    queue = server.create_queue("orders", lock_duration=HELD_LOCK)
     await send(client, "orders", ServiceBusMessage("x"))
 
     async with open_receiver(client, "orders") as receiver:
         message = await receive_one(receiver)
         first_expiry = message.locked_until_utc
         assert first_expiry is not None
-        await asyncio.sleep(LOCK / 2)  # half the lock gone, renew it: the new expiry moves forward
+        await asyncio.sleep(HELD_LOCK / 2)  # half the lock gone, renew it: the new expiry moves forward
         new_expiry = await receiver.renew_message_lock(message)
         assert new_expiry > first_expiry
         assert message.locked_until_utc == new_expiry
         # Past the original expiry, the lock still holds.
         await eventually(
             lambda: datetime.datetime.now(datetime.UTC) > first_expiry + datetime.timedelta(seconds=0.3),
-            within=LOCK,
+            within=HELD_LOCK,
             what="the original expiry to pass",
         )
         assert queue.locked_count == 1
@@ -349,15 +354,16 @@ async def test_renew_message_lock_extends_the_lock(
     assert queue.active_count == 0
 
 
-@bounded(25)
+@bounded(30)
 async def test_auto_lock_renewer_keeps_a_lock_for_three_times_its_length(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:
-    # 2.5 s, not 2: the SDK's renewer wakes once a second and renews when 0.75 x (whole seconds
-    # left at registration) remain, so a 2 s lock (1.9 s left -> renew under 0.75 s) lapses between
-    # two wake-ups, while 2.5 s (2.4 s left -> renew under 1.5 s) is renewed at every wake-up.
-    # Real Service Bus does not allow locks under 5 s.
-    lock = 2.5
+    # 4.5 s: the SDK's renewer wakes once a second and renews when 0.75 x (whole seconds left at
+    # registration) remain, so a 2 s lock (1.9 s left -> renew under 0.75 s) lapses between two
+    # wake-ups; 2.5 s (2.4 s left -> renew under 1.5 s) is renewed with 0.5 s to spare at worst,
+    # which a loaded machine can outrun; 4.5 s (4.4 s left -> renew under 3 s) leaves at least 2 s
+    # for the renewal's round trip. Real Service Bus does not allow locks under 5 s.
+    lock = 4.5
     queue = server.create_queue("orders", lock_duration=lock)
     await send(client, "orders", ServiceBusMessage("slow work"))
 
@@ -492,7 +498,7 @@ async def test_next_available_session_times_out_when_no_session_has_messages(
 
 @bounded(20)
 async def test_session_state_and_lock_renewal(server: ServiceBusTestServer, client: ServiceBusClient) -> None:
-    queue = server.create_queue("orders", requires_session=True, lock_duration=LOCK)
+    queue = server.create_queue("orders", requires_session=True, lock_duration=HELD_LOCK)
     await send(client, "orders", ServiceBusMessage("x", session_id="s1"))
 
     async with open_receiver(client, "orders", session_id="s1") as receiver:
@@ -505,12 +511,12 @@ async def test_session_state_and_lock_renewal(server: ServiceBusTestServer, clie
         first_expiry = session.locked_until_utc
         assert first_expiry is not None
         message = await receive_one(receiver)
-        await asyncio.sleep(LOCK / 2)  # half the session lock gone, renew it
+        await asyncio.sleep(HELD_LOCK / 2)  # half the session lock gone, renew it
         new_expiry = await session.renew_lock()
         assert new_expiry > first_expiry
         await eventually(
             lambda: datetime.datetime.now(datetime.UTC) > first_expiry + datetime.timedelta(seconds=0.3),
-            within=LOCK,
+            within=HELD_LOCK,
             what="the original session expiry to pass",
         )
         await receiver.complete_message(message)
