@@ -32,7 +32,13 @@ from tests.resilience import ResilienceEnv, count
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
-LEASED = {"lease_seconds": 1.5, "in_progress_delay": 0.2, "retry_delays": [0.2], "max_deliveries": 5}
+# A lease no attempt of these tests comes near: renewed every third of it, an attempt is stopped
+# once a renewal has not come back within 0.9 of it, which a loaded machine could outrun with a
+# 1.5 s lease. The tests about a lease running out wait for a dead worker's own (DEAD_LEASE) or
+# make it explicit; the renewal test has its own (RENEWED_LEASE).
+LEASED = {"lease_seconds": 30, "in_progress_delay": 0.2, "retry_delays": [0.2], "max_deliveries": 5}
+DEAD_LEASE = 3.0  # seconds: the lease of a worker killed during the call, waited out by the next one
+RENEWED_LEASE = 3.0  # seconds: renewed every 1 s, each renewal has 1.7 s to come back
 
 
 @pytest.fixture
@@ -82,7 +88,7 @@ async def test_worker_killed_during_the_remote_call_is_reconciled_without_a_seco
     nenv: ResilienceEnv, provider: FakeProvider
 ) -> None:
     """The worker sends, the provider accepts, and the process dies before it records the reply
-    (crash point ``during_external_call``, SIGKILL). Once the lease expires a second worker takes
+    (crash point ``during_external_call``, SIGKILL). Once its lease expires a second worker takes
     it over, reconciles from the evidence by asking the provider, and completes without sending
     again: one e-mail, ledger ``completed`` at attempt 2, outcome ``lease_recovered``."""
     async with nenv.run(app_with(WelcomeEmailHandler(ProviderClient(provider.url)), nenv.queue), **LEASED):
@@ -90,7 +96,7 @@ async def test_worker_killed_during_the_remote_call_is_reconciled_without_a_seco
     doomed = subprocess.Popen(
         [sys.executable, "-m", "consumer_kit", "worker", "tests.apps.notifications_on_test_queue:app"],
         env=nenv.worker_environment(
-            PROVIDER_URL=provider.url, CONSUMER_KIT_LEASE_SECONDS="1.5",
+            PROVIDER_URL=provider.url, CONSUMER_KIT_LEASE_SECONDS=str(DEAD_LEASE),
             CONSUMER_KIT_CRASH_AT="during_external_call:kill",
         ),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -124,9 +130,11 @@ async def test_a_timeout_after_the_provider_accepted_is_reconciled_not_resent(
 ) -> None:
     """A timeout is not a failure: the provider accepts the send and answers too late. The handler
     fault gives the lease up; the retry takes it over, finds the send by its downstream key and
-    completes without a second send."""
-    await control(provider, slow_sends=1, delay=3.0)
-    handler = WelcomeEmailHandler(ProviderClient(provider.url, timeout=0.5))
+    completes without a second send. The retry's lookup must answer within the client's timeout:
+    3 s, which a loaded machine does not outrun (0.5 s it could: parked as unknown); the send
+    answers after 6 s, so it always times out."""
+    await control(provider, slow_sends=1, delay=6.0)
+    handler = WelcomeEmailHandler(ProviderClient(provider.url, timeout=3.0))
     async with nenv.run(app_with(handler, nenv.queue), **LEASED):
         await nenv.send(welcome(8), message_type="SendWelcome")
         reports = await nenv.outcomes_until(lambda seen: count(seen, Outcome.LEASE_RECOVERED) == 1, timeout=30)
@@ -201,8 +209,8 @@ async def test_renewal_keeps_a_handler_three_leases_long_and_duplicates_wait(
     """A call that lasts three lease lengths keeps the operation: the lease and the peek-lock are
     renewed, no other delivery takes it over, and a duplicate arriving during the call is
     ``in_progress`` until it completes (never run in parallel), then a duplicate."""
-    handler = SlowProviderHandler(ProviderClient(provider.url), hold=LEASED["lease_seconds"] * 3)
-    async with nenv.run(app_with(handler, nenv.queue), **LEASED):
+    handler = SlowProviderHandler(ProviderClient(provider.url), hold=RENEWED_LEASE * 3)
+    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": RENEWED_LEASE}):
         await nenv.send(welcome(10), message_type="SendWelcome")
         await asyncio.wait_for(handler.calling.wait(), 10)
         await nenv.send(welcome(10), message_type="SendWelcome")
@@ -239,9 +247,10 @@ async def test_a_renewal_that_hangs_stops_the_attempt_before_its_lease_runs_out(
     timeouts far longer than the lease). The attempt must stop while the ledger's lease still
     holds, not when the hung renewal gives up: a second worker may take the lease over at expiry,
     and two attempts must never call the provider at once. Nothing is sent, the delivery is
-    released as lease_lost."""
+    released as lease_lost. The attempt stops a tenth of the lease before it runs out: 10 s
+    leaves it 1 s, which a loaded machine does not outrun (5 s left it 0.5 s)."""
     handler = CancelRecordingHandler(ProviderClient(provider.url), hold=60)
-    settings = {**LEASED, "lease_seconds": 5, "lock_timeout": 60, "statement_timeout": 60}
+    settings = {**LEASED, "lease_seconds": 10, "lock_timeout": 60, "statement_timeout": 60}
     async with nenv.run(app_with(handler, nenv.queue), **settings):
         await nenv.send(welcome(12), message_type="SendWelcome")
         await asyncio.wait_for(handler.calling.wait(), 10)
@@ -268,7 +277,7 @@ async def test_a_worker_whose_lease_was_taken_over_cannot_complete(
     number moves on). The first worker's completion is fenced out: nothing local is written, the
     delivery is not acked (released), and the log says so; the new owner's row is untouched."""
     handler = SlowProviderHandler(ProviderClient(provider.url), hold=30)
-    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": 30}):
+    async with nenv.run(app_with(handler, nenv.queue), **LEASED):
         await nenv.send(welcome(11), message_type="SendWelcome")
         await asyncio.wait_for(handler.calling.wait(), 10)
         await nenv.rows(
@@ -372,10 +381,19 @@ async def test_a_handler_that_commits_and_begins_anew_is_parked_not_executed_twi
 
 async def test_the_crash_point_kit_reaches_during_external_call(database_url: str, provider: FakeProvider) -> None:
     handler = WelcomeEmailHandler(ProviderClient(provider.url))
-    async with Harness(handler, database_url=database_url, setup_sql=SCHEMA_SQL, lease_seconds=1.0) as kit:
+    # A lease the attempts never race (with 1 s, a renewal had 0.57 s to come back); the dead
+    # attempt's lease runs out when the test says so, not when it is waited out.
+    async with Harness(handler, database_url=database_url, setup_sql=SCHEMA_SQL, lease_seconds=30) as kit:
         kit.crash_at(CrashPoint.DURING_EXTERNAL_CALL)
         kit.send(SendWelcome(user_id=13, email="u13@example.test"))
-        reports = await kit.run(timeout=30)
+        async with asyncio.timeout(30):
+            while not any(r.outcome is Outcome.CRASHED for r in kit.reports):
+                await asyncio.sleep(0.02)  # polling the kit's reports for the crash
+        assert await kit.fetch(
+            "UPDATE operations SET lease_expires_at = now() - interval '1 second' RETURNING 1"
+        ) == [(1,)]  # the dead attempt's lease has run out
+        await kit.run(timeout=30)
+        reports = kit.reports
     outcomes = [r.outcome for r in reports]
     assert outcomes[0] is Outcome.CRASHED and outcomes[-1] is Outcome.LEASE_RECOVERED, outcomes
     assert len(provider.sent) == 1
