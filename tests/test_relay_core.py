@@ -489,7 +489,9 @@ async def test_claims_skip_rows_leased_by_a_live_relay_and_take_over_expired_one
     async with throwaway_schema(database_url) as schema:
         async with await connect(database_url) as conn:
             await write_events(conn, schema, [Event("d") for _ in range(4)])
-            a = OutboxStore(schema, relay_id="A", max_attempts=5, claim_timeout=0.5,
+            # A's lease is long: B's claims below must not outrun it (with 0.5 s a loaded machine
+            # could); its running out is made explicit instead of waited for.
+            a = OutboxStore(schema, relay_id="A", max_attempts=5, claim_timeout=30,
                             backoff_base=1, backoff_max=1)
             b = OutboxStore(schema, relay_id="B", max_attempts=5, claim_timeout=30,
                             backoff_base=1, backoff_max=1)
@@ -499,13 +501,9 @@ async def test_claims_skip_rows_leased_by_a_live_relay_and_take_over_expired_one
             assert len(got_a) == 2 and len(got_b) == 2
             assert await b.claim(conn, 10) == []
 
-            async def a_lease_expired() -> bool:
-                cur = await conn.execute(sql.SQL(
-                    "SELECT bool_and(claimed_until < now()) FROM {} WHERE claimed_by = 'A'"
-                ).format(sql.Identifier(schema, "outbox")))
-                return bool((await cur.fetchone())[0])
-
-            await wait_until(a_lease_expired, 5, "A's lease to run out")
+            await conn.execute(sql.SQL(
+                "UPDATE {} SET claimed_until = now() - interval '1 second' WHERE claimed_by = 'A'"
+            ).format(sql.Identifier(schema, "outbox")))  # A's lease runs out (A died)
             taken = await b.claim(conn, 10)
             assert {r.id for r in taken} == {r.id for r in got_a}
             assert {r.previous_owner for r in taken} == {"A"}
