@@ -311,16 +311,19 @@ async def test_pool_waits_are_not_failures_with_long_transactions_on_many_queues
     """4 queues, ``CONCURRENCY=1``, a handler holding its transaction longer than the pool's wait.
     Before issue 8 one delivery waited for a pooled connection, got ``PoolTimeout``, and it counted
     as a failed attempt. Right: deliveries wait for their turn in the process, never for a
-    connection; nothing is retried, nothing counted."""
+    connection; nothing is retried, nothing counted. ``statement_timeout`` (the pool's wait) bounds
+    every statement of consumer-kit's too: 3 s, which a loaded machine does not outrun (1 s it
+    could: an environment fault, the deliveries released)."""
     gate = Gate(block={1})
     app, names = _multi_queue_app(renv, GatedInvoiceHandler(gate), 4)
+    statement_timeout = 3.0
     try:
-        async with renv.run(app, concurrency=1, statement_timeout=1.0) as worker:
+        async with renv.run(app, concurrency=1, statement_timeout=statement_timeout) as worker:
             for i, name in enumerate(names):
                 await renv.send_to(name, command(i + 1))
             await asyncio.wait_for(gate.entered.wait(), 15)
             await poll(lambda: _true(len(worker._inflight) == 4))
-            await asyncio.sleep(2.0)  # hold the transaction past the pool's 1 s wait (the scenario)
+            await asyncio.sleep(statement_timeout + 1.0)  # hold the transaction past the pool's wait (the scenario)
             gate.release.set()
             reports = await renv.outcomes_until(lambda seen: count(seen, Outcome.EXECUTED) == 4)
         assert [r.outcome for r in reports] == [Outcome.EXECUTED] * 4
@@ -338,22 +341,24 @@ async def test_commit_that_never_answers_is_bounded_and_uncertain(renv: Resilien
     issue 8 ``process()`` had not returned after 20 s. Right: the COMMIT is bounded by
     ``statement_timeout`` (plus psycopg's own 5 s cancel attempt), the outcome is ``uncertain``,
     the delivery is never acked, its connection is discarded, and the redelivery (after the
-    worker's probe) finds the committed row: a duplicate, one effect."""
+    worker's probe) finds the committed row: a duplicate, one effect. Every other statement must
+    answer within ``statement_timeout``: 3 s, which a loaded machine does not outrun (1 s it could)."""
+    statement_timeout = 3.0
     target = conninfo_to_dict(renv.database_url)
     proxy = ReplyEater(str(target.get("host") or "127.0.0.1"), int(target.get("port") or 5432))
     port = await proxy.start()
     gate = Gate(block=set())
     try:
         url = renv.worker_database_url(renv.database_url, host="127.0.0.1", port=port)
-        async with renv.run(renv.app(GatedInvoiceHandler(gate)), database_url=url, statement_timeout=1.0,
-                            probe_backoff_max=0.5):
+        async with renv.run(renv.app(GatedInvoiceHandler(gate)), database_url=url,
+                            statement_timeout=statement_timeout, probe_backoff_max=0.5):
             proxy.armed = True
             await renv.send_command(1)
             await asyncio.wait_for(proxy.commit_forwarded.wait(), 15)
-            (uncertain,) = await renv.next_reports(1, timeout=1.0 + 5.0 + 5.0)
+            (uncertain,) = await renv.next_reports(1, timeout=statement_timeout + 5.0 + 5.0)
             assert (uncertain.outcome, uncertain.reason) == (Outcome.UNCERTAIN, "commit_outcome_unknown")
             assert uncertain.settlement == "released"
-            assert uncertain.duration_seconds < 1.0 + 5.0 + 2.0
+            assert uncertain.duration_seconds < statement_timeout + 5.0 + 2.0
             reports = await renv.outcomes_until(lambda seen: count(seen, *TERMINAL) == 1)
     finally:
         await proxy.close()
