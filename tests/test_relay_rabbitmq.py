@@ -210,8 +210,8 @@ async def test_relay_killed_after_publishing_part_of_its_batch_is_taken_over_by_
                 return found[0][0] > 0
 
             await wait_until(a_claimed, 30, "relay A to claim a batch")
+            # B's own lease is relay_settings' (its batches never race it); A's is claim_timeout
             b = Relay(relay_settings(database_url, schema, rabbitmq_url, relay_id="B",
-                                     relay_claim_timeout=claim_timeout,
                                      relay_poll_interval=poll_interval))
             b_task = asyncio.create_task(b.run())
             try:
