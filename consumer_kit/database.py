@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from consumer_kit import prepared
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.faults import StatementTimeout
 from consumer_kit.settings import Settings, redact_url
@@ -57,6 +58,7 @@ async def bounded(seconds: float, what: str) -> AsyncIterator[None]:
 
 async def discard(conn: psycopg.AsyncConnection[Any]) -> None:
     """Close ``conn`` so the pool replaces it (its state is unknown)."""
+    prepared.forget(conn)
     try:
         await conn.close()
     except Exception:  # noqa: BLE001 - it is being thrown away

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 
+from consumer_kit import prepared
 from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
 from consumer_kit.errors import RetryableError
 from consumer_kit.faults import StatementTimeout
@@ -98,6 +99,7 @@ async def rollback(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
     is discarded. Never raises."""
     if conn.closed or conn.broken:
         return
+    prepared.forget(conn)  # psycopg deallocates its session's statements after a ROLLBACK
     try:
         async with bounded(timeout, "ROLLBACK"):
             await conn.execute(ROLLBACK_AND_RESET, prepare=False)

@@ -11,13 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncClientCursor, AsyncConnection, sql
+from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from consumer_kit.identity import OperationIdentity
 from consumer_kit.outbox import PendingEvent, events_cte, events_params
 from consumer_kit.outcomes import StoredResult
+from consumer_kit.prepared import SessionStatement
 
 PROCESSING = "processing"
 COMPLETED = "completed"
@@ -181,7 +182,7 @@ class Ledger:
              WHERE scope = %(scope)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
             """
         ).format(table=table, columns=_ROW_COLUMNS))
-        self._begin_and_claim = b"BEGIN; " + self._claim
+        self._begin_and_claim = SessionStatement("ck_claim", self._claim)
         self._fetch = _render(sql.SQL(
             "SELECT false AS claimed, NULL AS xid, {columns} FROM {table} WHERE scope = %s AND key = %s"
         ).format(table=table, columns=_ROW_COLUMNS))
@@ -275,8 +276,8 @@ class Ledger:
         only if it vanished between the two reads (retention), and the caller retries. With
         ``watch`` (a claim committed on its own, under a lease), the row is watched by the stuck
         and reconciliation queries (``watch_since``) until it ends. With ``begin``, the claim opens
-        the transaction: BEGIN goes with it in one round trip (the simple query protocol, the
-        parameters bound client-side; a libpq pipeline measured dearer in CPU).
+        the transaction: BEGIN goes with it in one round trip, the claim prepared once per session
+        (:mod:`consumer_kit.prepared`).
 
         Raises:
             psycopg.errors.LockNotAvailable: a concurrent claimer held the key past ``lock_timeout``.
@@ -295,10 +296,7 @@ class Ledger:
             **retention.params(),
         }
         if begin:
-            async with AsyncClientCursor(conn, row_factory=dict_row) as client:
-                await client.execute(self._begin_and_claim, params)
-                client.nextset()  # past BEGIN's result
-                found = await client.fetchone()
+            found = await self._begin_and_claim.begin_and_fetchone(conn, params)
         else:
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(self._claim, params)
