@@ -319,6 +319,66 @@ async def test_a_delete_entry_sqs_failed_on_its_side_is_retried(sqs: SQSClient, 
     assert await depth(sqs, url) == 0
 
 
+HANDED_BACK_VISIBILITY = 3  # seconds: waited out below (the lapse is what is tested); the
+# redelivery's own lock leaves its ack, and the heartbeat's extension of it, more than 1 s
+
+
+def hand_back_first(handed_back: list[Delivery]) -> Inbox:
+    """An inbox whose callback returns without settling the first delivery, as the runtime does
+    after a crash point (``SimulatedCrash``: process death), and acks every later one."""
+
+    async def crash_once(delivery: Delivery) -> None:
+        if not handed_back:
+            handed_back.append(delivery)
+            return
+        await delivery.ack()
+
+    return Inbox(crash_once)
+
+
+async def test_a_delivery_handed_back_unsettled_lapses_and_comes_back_while_the_worker_lives(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    """As after a crash: the heartbeat no longer extends it, so its visibility lapses and SQS
+    hands it out again, counted and marked redelivered, to the same live consumer (memory and
+    Service Bus stop renewing the same way). Nothing was given back for it, so the receive count
+    is judged a redelivery."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    url = await make_queue(sqs, name)
+    handed_back: list[Delivery] = []
+    inbox = hand_back_first(handed_back)
+    async with consuming(sqs_endpoint, name, inbox, visibility=HANDED_BACK_VISIBILITY) as consumer:
+        await send(sqs, url)
+        first = await inbox.next()
+        again = await inbox.next()  # extended for as long as the worker lives, it never would
+        assert (again.message_id, again.delivery_count, again.redelivered) == (first.message_id, 2, True)
+        assert first.settlement is None and not first.lost
+        subscription = consumer.subscription(name)
+        assert first not in consumer.heartbeat.held() and first not in subscription.held.values()
+        assert subscription.left_to_lapse == 1
+    assert await depth(sqs, url) == 0
+
+
+async def test_a_delivery_handed_back_unsettled_is_not_given_back_at_close(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    """Closing the consumer gives back (uncounted, not suspect) only what never ran: a delivery
+    handed back unsettled is left to lapse, so the next worker still sees the crash (counted,
+    redelivered) instead of a fresh message."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    url = await make_queue(sqs, name)
+    first_inbox = hand_back_first([])
+    async with consuming(sqs_endpoint, name, first_inbox, visibility=HANDED_BACK_VISIBILITY):
+        message_id = await send(sqs, url)
+        await first_inbox.next()
+    inbox = Inbox(lambda delivery: delivery.ack())
+    async with consuming(sqs_endpoint, name, inbox, visibility=HANDED_BACK_VISIBILITY):
+        again = await inbox.next()
+    # the very message (a release would have sent a copy: another SQS message id, counted afresh)
+    assert (again.message_id, again.delivery_count, again.redelivered) == (message_id, 2, True)
+    assert await depth(sqs, url) == 0
+
+
 async def test_renewal_asks_at_most_what_is_left_of_12_hours(sqs: SQSClient) -> None:
     url = await make_queue(sqs, f"t{uuid.uuid4().hex[:10]}")
     await send(sqs, url)

@@ -29,7 +29,8 @@ Mapping of the broker contract (``consumer_kit.broker``):
 contract             SQS
 ===================  ===============================================================================
 peek-lock            the visibility timeout (the queue's, or ``visibility=`` in the URL), kept by
-                     the heartbeat until settlement, at most 12 hours from the receive
+                     the heartbeat until settlement, at most 12 hours from the receive; a delivery
+                     handed back unsettled (a crash point) is left to lapse, as after a crash
 ack                  ``DeleteMessage``, batched as ``DeleteMessageBatch``
 retry(delay)         standard: a copy with ``DelaySeconds`` (<= 900 s) and the deliveries so far, then
                      delete; FIFO (or longer delays): ``ChangeMessageVisibility(delay)``

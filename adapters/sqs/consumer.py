@@ -4,7 +4,9 @@
   duplicates absorbed).
 * **Standard queues**: every delivery runs in a task of its own, at most ``prefetch`` held.
 * **FIFO queues**: deliveries go through their message group's lane (:mod:`adapters.sqs.lanes`).
-* **Peek-lock**: :mod:`adapters.sqs.heartbeat` extends every held delivery until it is settled.
+* **Peek-lock**: :mod:`adapters.sqs.heartbeat` extends every held delivery until it is settled,
+  or until its hand-over to the worker ends without a settlement (a crash point: the delivery is
+  left to lapse, :mod:`adapters.sqs.subscription`).
 * **Pause / resume**: a paused consumer starts no new poll (pause does not wait for the one in
   flight: what it brings is given back at once, uncounted); resume polls again.
 * **Stop / close**: ``stop_consuming`` ends the poll loops; ``close`` waits for the polls in
@@ -236,7 +238,14 @@ class SQSConsumer(Consumer):
         task.add_done_callback(self._handlers.discard)
 
     async def _handle(self, subscription: Subscription, delivery: SQSDelivery) -> None:
-        await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
+        try:
+            await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
+        except asyncio.CancelledError:
+            raise  # closing: close() gives back what is still unsettled
+        except BaseException:
+            subscription.leave_to_lapse(delivery)  # e.g. SimulatedCrash straight from a callback
+            raise
+        subscription.leave_to_lapse(delivery)  # no-op when settled, as it should be
 
     def _give_back(self, delivery: SQSDelivery) -> None:
         task = asyncio.create_task(self._release_now(delivery), name="consumer-kit sqs release")

@@ -5,7 +5,9 @@ waiting for a slot in the worker (admission, running alone) or waiting in its FI
 The heartbeat wakes every ``tick`` seconds (a quarter of the shortest visibility timeout held,
 0.1 to 10 s) and extends, with ``ChangeMessageVisibilityBatch`` (10 entries a call, per queue),
 every held delivery with half its visibility timeout or less left, to a full visibility timeout
-from now. It stops with the settlement (a settled delivery is no longer held).
+from now. It stops with the settlement (a settled delivery is no longer held), and when the
+worker's hand-over ends with the delivery unsettled (a crash point): it is dropped then, so its
+visibility lapses and SQS redelivers it, as after a crash (:mod:`adapters.sqs.subscription`).
 
 **12 hours.** SQS refuses to extend a message's visibility beyond 12 hours from its receive.
 An extension asks at most for what is left of them; once nothing is left, the delivery is logged
@@ -65,7 +67,7 @@ class Heartbeat:
             self._task = asyncio.create_task(self._beat(), name="consumer-kit sqs heartbeat")
 
     def drop(self, delivery: SQSDelivery) -> None:
-        """Stop extending ``delivery`` (it was settled)."""
+        """Stop extending ``delivery`` (it was settled, or handed back unsettled)."""
         self._held.discard(delivery)
         self._warned_12h.discard(delivery)
 

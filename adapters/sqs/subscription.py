@@ -12,6 +12,13 @@ delivery's lock is still ours*, it is a broker duplicate: its receipt handle joi
 delivery (settlements use every handle; the newest is the one SQS honours) and it is not handed
 out again (``duplicates_absorbed``). Received after the earlier delivery's lock lapsed, the earlier
 delivery has lost its lock (it will not ack) and the new one is handed out as a redelivery.
+
+**Handed back unsettled.** A delivery whose hand-over to the worker ended without a settlement (a
+crash point fired: the runtime treats it as process death) is *left to lapse*: no longer held
+(its slot is free, the heartbeat stops extending it, closing does not give it back), so its
+visibility lapses and SQS hands it out again, counted, while the worker lives. Nothing is
+remembered as a give-back, so :mod:`adapters.sqs.redelivery` judges that receive a redelivery,
+as after a real crash.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class Subscription:
     Attributes:
         held: unsettled deliveries by SQS ``MessageId``.
         receives: messages received; ``duplicates_absorbed``: of them, broker duplicates.
+        left_to_lapse: deliveries handed back unsettled (module docstring).
         failing: the last poll failed.
     """
 
@@ -85,6 +93,7 @@ class Subscription:
         self._room.set()
         self.receives = 0
         self.duplicates_absorbed = 0
+        self.left_to_lapse = 0
         self.failing = False
         self._stopping = False
 
@@ -155,6 +164,18 @@ class Subscription:
         else:
             self._give_back(delivery)
         return delivery
+
+    def leave_to_lapse(self, delivery: SQSDelivery) -> None:
+        """The worker's hand-over of ``delivery`` ended and left it unsettled: stop holding it
+        (module docstring), so its visibility lapses and SQS redelivers it. No-op once settled."""
+        if delivery.settlement is not None:
+            return
+        self.left_to_lapse += 1
+        logger.info(
+            "queue=%s message_id=%s handed back unsettled: no longer extended, it comes back when "
+            "its visibility lapses", self.queue, delivery.message_id,
+        )
+        self._settled(delivery)
 
     def _settled(self, delivery: SQSDelivery) -> None:
         self._heartbeat.drop(delivery)

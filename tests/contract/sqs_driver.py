@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from adapters.sqs import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
@@ -13,18 +14,35 @@ from adapters.sqs import (
     SQSClient,
     SQSConfig,
     SQSConsumer,
+    SQSDelivery,
     SQSPublisher,
-    consumer_from_settings,
     headers_of,
     recommended_max_receive_count,
     sqs_queue_name,
 )
 from adapters.sqs.attributes import size_of
 from adapters.sqs.subscription import SYSTEM_ATTRIBUTES
-from consumer_kit.broker import Consumer, OutgoingMessage, Publisher
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
 from tests.contract.moto_server import sqs_url
+
+
+class TrackingConsumer(SQSConsumer):
+    """An SQS consumer that keeps the deliveries it hands out, so that the driver can make their
+    locks lapse: one handed back unsettled (a crash point) is no longer held by the adapter."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deliveries: list[SQSDelivery] = []
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        async def keeping(delivery: Delivery) -> None:
+            assert isinstance(delivery, SQSDelivery)
+            self.deliveries.append(delivery)
+            await callback(delivery)
+
+        await super().subscribe(queue, keeping, prefetch=prefetch)
 
 
 class SQSDriver(Driver):
@@ -72,14 +90,21 @@ class SQSDriver(Driver):
                 await self.client.call(
                     "set_queue_attributes", QueueUrl=url, Attributes={"MaximumMessageSize": str(copy_limit)}
                 )
-        return consumer_from_settings(settings.model_copy(update={"broker_url": sqs_url(self.endpoint, **options)}))
+        # consumer_from_settings's arguments, on a consumer that keeps its deliveries
+        return TrackingConsumer(
+            SQSConfig.from_url(sqs_url(self.endpoint, **options)),
+            max_deliveries=settings.max_deliveries, crash_limit=settings.crash_limit,
+            settle_timeout=settings.settle_timeout, concurrency=settings.concurrency,
+            handler_timeout=settings.handler_timeout,
+        )
 
     async def lapse_locks(self, consumer: Consumer) -> None:
-        """Each held delivery's visibility lapses on both clocks, the adapter's (``visible_until``)
-        and SQS's (``ChangeMessageVisibility`` 0): SQS hands the message out again at once."""
-        assert isinstance(consumer, SQSConsumer)
-        for delivery in consumer.heartbeat.held():
-            if delivery.settlement is None:
+        """The visibility of each unsettled delivery whose lock still holds (running, or handed
+        back unsettled) lapses on both clocks, the adapter's (``visible_until``) and SQS's
+        (``ChangeMessageVisibility`` 0): SQS hands the message out again at once."""
+        assert isinstance(consumer, TrackingConsumer)
+        for delivery in consumer.deliveries:
+            if delivery.settlement is None and delivery.holds_lock:
                 delivery.visible_until = time.monotonic()
                 await self.client.call(
                     "change_message_visibility", QueueUrl=delivery.queue_url,
