@@ -104,7 +104,7 @@ class LeasedPath:
         classification after the lease was given up."""
         identity = decoded.identity
         with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
-            claim = await self._statement(
+            leased_from, claim = await self._timed_statement(
                 lambda conn: self.ledger.claim(
                     conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
                     message_id=envelope.message_id, retention=decoded.handler.retention,
@@ -121,7 +121,7 @@ class LeasedPath:
             if verdict is not None:
                 return verdict
             row = claim.row
-            attempt = await self._statement(
+            leased_from, attempt = await self._timed_statement(
                 lambda conn: self.ledger.take_over(
                     conn, identity, owner=self.worker_id, expected_owner=row.lease_owner,
                     expected_attempt=row.attempts, lease_seconds=self.settings.lease_seconds,
@@ -136,28 +136,43 @@ class LeasedPath:
             )
             fence, recovered = Fence.of_lease(self.worker_id, attempt), True
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
-        run = _LeasedRun(self, delivery, decoded, envelope, fence)
+        run = _LeasedRun(self, delivery, decoded, envelope, fence, leased_from)
         return await run.own(recovered)
 
     async def _statement(self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str) -> T:
         """One autocommit statement on a pooled connection, bounded by ``statement_timeout``."""
+        return (await self._timed_statement(write, what))[1]
+
+    async def _timed_statement(
+        self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str
+    ) -> tuple[float, T]:
+        """:meth:`_statement`, also returning when it was sent: the event loop's clock (monotonic
+        seconds) read once the pool gave the connection, just before ``write`` sends. The
+        database's ``now()`` for the statement (a lease's start) is no earlier than that."""
         async with bounded(self.settings.statement_timeout, what):
             async with self.pool.connection() as conn:
-                return await write(conn)
+                sent = asyncio.get_running_loop().time()
+                return sent, await write(conn)
 
 
 class _LeasedRun:
     """One attempt holding the lease under ``fence``: what the handler's context calls (the
-    :class:`~consumer_kit.effects.LeaseHooks`), the renewer, and the completion."""
+    :class:`~consumer_kit.effects.LeaseHooks`), the renewer, and the completion.
+
+    ``leased_from``: the event loop's clock (monotonic seconds) just before the statement that
+    granted the lease (the claim, or the take-over) was sent; the first renewal deadline counts
+    from it."""
 
     def __init__(
-        self, path: LeasedPath, delivery: Delivery, decoded: Decoded, envelope: Envelope, fence: Fence
+        self, path: LeasedPath, delivery: Delivery, decoded: Decoded, envelope: Envelope, fence: Fence,
+        leased_from: float,
     ) -> None:
         self.path = path
         self.delivery = delivery
         self.decoded = decoded
         self.identity = decoded.identity
         self.fence = fence
+        self.leased_from = leased_from
         self.ctx = Context(None, decoded.identity, envelope, lease=self)
         self.lost: str | None = None  # why this worker no longer holds the lease
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -368,17 +383,21 @@ class _LeasedRun:
             await asyncio.gather(renewer, return_exceptions=True)
 
     async def _renew_until_lost(self, owner: asyncio.Task[Any]) -> None:
-        """Renew every third of the lease. The attempt is stopped at ``deadline``, a tenth of the
-        lease before the ledger's lease runs out (counted from when the last successful renewal
-        was sent, which is no later than the database's ``now()``), whatever a renewal in
-        flight is doing: a renewal that hangs must not let the attempt outlive its lease."""
+        """Renew every third of the lease (seconds; the first renewal a third of it after the
+        claim or take-over was sent, the next ones a third after the previous one ended). The
+        attempt is stopped at ``deadline``, a tenth of the lease before the ledger's lease runs
+        out, counted from when the statement that set the lease was sent (the claim or take-over
+        first, then the last successful renewal), which is no later than the database's ``now()``
+        for it, whatever a renewal in flight is doing: a renewal that hangs, or a renewer that
+        starts late (a busy event loop), must not let the attempt outlive its lease."""
         lease = self.path.settings.lease_seconds
         interval = max(lease / 3, _MIN_RENEW_INTERVAL)
         margin = lease / 10
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + lease - margin
+        deadline = self.leased_from + lease - margin
+        due = self.leased_from + interval  # a renewer that starts late renews at once
         while True:
-            await asyncio.sleep(max(0.0, min(interval, deadline - loop.time())))
+            await asyncio.sleep(max(0.0, min(due, deadline) - loop.time()))
             sent = loop.time()
             renewed: bool | None = None
             if sent < deadline:
@@ -400,6 +419,7 @@ class _LeasedRun:
             if self.lost is not None:
                 owner.cancel()
                 return
+            due = loop.time() + interval
 
     def _raise_if_lost(self) -> None:
         if self.lost is not None:

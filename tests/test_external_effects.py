@@ -270,6 +270,69 @@ async def test_a_renewal_that_hangs_stops_the_attempt_before_its_lease_runs_out(
     assert provider.sent == []
 
 
+class BlockingFirstHandler(WelcomeEmailHandler):
+    """Its first attempt keeps the event loop busy for ``block`` seconds before its first await
+    (synchronous work: a blocking client, a CPU-bound step), so the lease renewer, a task of the
+    same loop created just before the handler runs, starts that much after the claim; then a
+    remote call of ``hold`` seconds. Later attempts run as usual."""
+
+    def __init__(self, provider: ProviderClient, block: float, hold: float = 0.0) -> None:
+        super().__init__(provider)
+        self.block, self.hold = block, hold
+        self.calls = 0
+        self.first_cancelled = False
+
+    async def handle(self, message: SendWelcome, ctx: Context) -> Result:
+        self.calls += 1
+        if self.calls > 1:
+            return await super().handle(message, ctx)
+        time.sleep(self.block)  # blocking the loop is the point: the renewer starts late
+        try:
+            await asyncio.sleep(self.hold)  # the call's duration, not a wait for anything
+            return await super().handle(message, ctx)
+        except asyncio.CancelledError:
+            self.first_cancelled = True
+            raise
+
+
+async def test_an_attempt_whose_renewer_starts_late_is_stopped_by_the_claims_deadline(
+    nenv: ResilienceEnv, provider: FakeProvider
+) -> None:
+    """The ledger's lease runs from the claim (the database's now()), so the attempt's deadline,
+    a tenth of the lease before it runs out, counts from when the claim was sent, not from when
+    the renewer got to run. The handler keeps the loop busy past that deadline (0.95 of the lease)
+    before its first await: the renewer, starting late, stops the attempt at its first await
+    (lease_lost), instead of counting a whole lease from its own start and renewing a lease that
+    had run out meanwhile. Deterministic: when the renewer starts, 0.95 of the lease has passed
+    since the claim was sent, whatever the machine's load."""
+    lease = 1.0
+    handler = BlockingFirstHandler(ProviderClient(provider.url), block=lease * 0.95)
+    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": lease}):
+        await nenv.send(welcome(13), message_type="SendWelcome")
+        (first, *_rest) = await nenv.next_reports(1)
+    assert (first.outcome, first.settlement) == (Outcome.LEASE_LOST, "released")
+    assert handler.first_cancelled
+
+
+async def test_a_renewer_that_starts_late_but_before_the_deadline_renews_at_once(
+    nenv: ResilienceEnv, provider: FakeProvider
+) -> None:
+    """The first renewal is due a third of the lease after the claim was sent, not after the
+    renewer started: a renewer that starts 0.6 of the lease late renews at once, and the attempt,
+    which runs half a lease more, completes (renewing a third of the lease after its own start
+    would come after the deadline, 0.9 of the lease, and stop a healthy attempt). The first
+    renewal has 0.9 s to come back, the next ones 1.7 s."""
+    handler = BlockingFirstHandler(
+        ProviderClient(provider.url), block=RENEWED_LEASE * 0.6, hold=RENEWED_LEASE * 0.5
+    )
+    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": RENEWED_LEASE}):
+        await nenv.send(welcome(14), message_type="SendWelcome")
+        (first, *_rest) = await nenv.next_reports(1)
+    assert (first.outcome, handler.calls, handler.first_cancelled) == (Outcome.EXECUTED, 1, False)
+    assert len(provider.sent) == 1
+    assert await ledger_row(nenv, "welcome-14") == ("completed", 1, None)
+
+
 async def test_a_worker_whose_lease_was_taken_over_cannot_complete(
     nenv: ResilienceEnv, provider: FakeProvider
 ) -> None:
