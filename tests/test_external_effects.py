@@ -320,12 +320,11 @@ async def test_a_renewer_that_starts_late_but_before_the_deadline_renews_at_once
     """The first renewal is due a third of the lease after the claim was sent, not after the
     renewer started: a renewer that starts 0.6 of the lease late renews at once, and the attempt,
     which runs half a lease more, completes (renewing a third of the lease after its own start
-    would come after the deadline, 0.9 of the lease, and stop a healthy attempt). The first
-    renewal has 0.9 s to come back, the next ones 1.7 s."""
-    handler = BlockingFirstHandler(
-        ProviderClient(provider.url), block=RENEWED_LEASE * 0.6, hold=RENEWED_LEASE * 0.5
-    )
-    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": RENEWED_LEASE}):
+    would come after the deadline, 0.9 of the lease, and stop a healthy attempt). With a 6 s
+    lease the first renewal has 1.8 s to come back, enough on a loaded machine."""
+    lease = 6.0
+    handler = BlockingFirstHandler(ProviderClient(provider.url), block=lease * 0.6, hold=lease * 0.5)
+    async with nenv.run(app_with(handler, nenv.queue), **{**LEASED, "lease_seconds": lease}):
         await nenv.send(welcome(14), message_type="SendWelcome")
         (first, *_rest) = await nenv.next_reports(1)
     assert (first.outcome, handler.calls, handler.first_cancelled) == (Outcome.EXECUTED, 1, False)
