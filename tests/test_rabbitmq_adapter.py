@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 import time
 import uuid
@@ -33,7 +34,7 @@ from adapters.rabbitmq import (
     publisher_from_settings,
 )
 from adapters.rabbitmq.errors import publish_error
-from adapters.rabbitmq.limits import header_frame_size
+from adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
 from adapters.rabbitmq.publisher import properties_of
 from consumer_kit.broker import Delivery, OutgoingMessage, PublishError, Settlement
 from tests.conftest import close_vhost_connections, vhost_of
@@ -206,6 +207,32 @@ def test_delivery_count_formula() -> None:
     assert delivery_count_of({DELIVERIES_HEADER: 2}, redelivered=False) == 3  # retry copy
     assert delivery_count_of({DELIVERIES_HEADER: 2, "x-delivery-count": 1}, redelivered=True) == 4
     assert delivery_count_of({DELIVERIES_HEADER: b"junk"}, redelivered=False) == 1
+
+
+def test_the_frame_bound_never_undercounts_and_only_covers_string_headers() -> None:
+    """check_fits skips encoding the frame when this bound fits: it must never be below the size
+    pamqp encodes (multi-byte characters, empty and long values), and it gives up (None) on a
+    header that is not a string or a short string over 255 bytes."""
+    rnd = random.Random(7)
+    alphabet = "ab-9 é€😀"
+
+    def text(longest: int) -> str:
+        return "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, longest)))
+
+    for _ in range(500):
+        message = OutgoingMessage(
+            destination="x", routing_key="", message_id=text(60) or "m", body=b"{}",
+            message_type=text(40) or "T", headers={text(30) or "k": text(400) for _ in range(rnd.randint(0, 10))},
+        )
+        properties = properties_of(message)
+        bound = _header_frame_bound(properties)
+        assert bound is not None and bound >= header_frame_size(properties, 2)
+    assert _header_frame_bound(properties_of(OutgoingMessage(
+        destination="x", routing_key="", message_id="m", body=b"", message_type="T", headers={"n": 1},
+    ))) is None
+    assert _header_frame_bound(properties_of(OutgoingMessage(
+        destination="x", routing_key="", message_id="m" * 256, body=b"", message_type="T", headers={},
+    ))) is None
 
 
 def test_broker_delivery_limit_sits_well_above_our_own_bounds() -> None:
