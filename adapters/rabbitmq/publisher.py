@@ -271,11 +271,13 @@ class RabbitMQPublisher(Publisher):
 def properties_of(message: OutgoingMessage) -> Basic.Properties:
     """The AMQP properties the publisher sends ``message`` with (persistent; ``message_id``,
     ``type`` and header ``message-type``; ``content_type``)."""
-    return aio_pika.Message(
-        body=b"",
-        headers={**message.headers, MESSAGE_TYPE_HEADER: message.message_type},
+    # Built directly, as aio_pika.Message(...).properties would build them (priority 0 included),
+    # without a Message per publish (7 % of the relay's CPU in a drain profile).
+    return Basic.Properties(
         content_type=message.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers={**message.headers, MESSAGE_TYPE_HEADER: message.message_type},
         message_id=message.message_id,
-        type=message.message_type,
-    ).properties
+        message_type=message.message_type,
+        priority=0,
+    )
