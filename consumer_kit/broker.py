@@ -361,6 +361,23 @@ class DeadLetter:
     body: bytes
 
 
+def header_text(value: Any) -> str:
+    """A header value as a dead-letter listing shows it: bytes decoded as UTF-8 (bad bytes
+    replaced), ``None`` as ``""``, anything else ``str()``."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def header_count(value: Any) -> int:
+    """A count carried in a header or a broker attribute (a string, bytes or an int); 0 when it
+    is missing, negative or not a whole number."""
+    try:
+        return max(0, int(header_text(value)))
+    except ValueError:
+        return 0
+
+
 @dataclass
 class RedriveReport:
     """What a redrive did: messages ``redriven`` (or, in a dry run, that would be), ``kept``

@@ -37,7 +37,14 @@ from adapters.rabbitmq.headers import (
     REDELIVERED_HEADER,
     TRIMMED_HEADER,
 )
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
+from consumer_kit.broker import (
+    DeadLetter,
+    DeadLetterQueues,
+    RedriveProgress,
+    RedriveReport,
+    header_count,
+    header_text,
+)
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -168,22 +175,22 @@ def dead_letter_of(message: AbstractIncomingMessage, queue: str) -> DeadLetter:
     """What ``consumer-kit dlq list`` shows of one message of ``<queue>.dlq``."""
     headers = dict(message.headers or {})
     death = _first_death(headers)
-    reason = _text(headers.get(DEAD_LETTER_REASON_HEADER))
+    reason = header_text(headers.get(DEAD_LETTER_REASON_HEADER))
     if not reason:
-        reason = f"broker:{_text(death.get('reason')) or 'unknown'}" if death else "unknown"
+        reason = f"broker:{header_text(death.get('reason')) or 'unknown'}" if death else "unknown"
     dead_lettered_at = death.get("time") if death else None
     if isinstance(dead_lettered_at, dt.datetime) and dead_lettered_at.tzinfo is None:
         dead_lettered_at = dead_lettered_at.replace(tzinfo=dt.UTC)
     deliveries = headers.get(DELIVERIES_HEADER)
     return DeadLetter(
-        queue=_text(headers.get(ORIGINAL_QUEUE_HEADER)) or queue,
+        queue=header_text(headers.get(ORIGINAL_QUEUE_HEADER)) or queue,
         message_id=message.message_id,
         reason=reason,
-        detail=_text(headers.get(DEAD_LETTER_DETAIL_HEADER)),
-        delivery_count=_int(deliveries) if deliveries is not None else _int(death.get("count") if death else 0),
+        detail=header_text(headers.get(DEAD_LETTER_DETAIL_HEADER)),
+        delivery_count=header_count(deliveries) if deliveries is not None else header_count(death.get("count") if death else 0),
         dead_lettered_at=dead_lettered_at if isinstance(dead_lettered_at, dt.datetime) else None,
         enqueued_at=message.timestamp if isinstance(message.timestamp, dt.datetime) else None,
-        operation_key=_text(headers.get(OPERATION_ID_HEADER)) or None,
+        operation_key=header_text(headers.get(OPERATION_ID_HEADER)) or None,
         headers=headers,
         body=message.body,
     )
@@ -194,16 +201,3 @@ def _first_death(headers: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(deaths, list) and deaths and isinstance(deaths[-1], Mapping):
         return dict(deaths[-1])  # the oldest death is last
     return {}
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def _int(value: Any) -> int:
-    try:
-        return max(0, int(_text(value)))
-    except ValueError:
-        return 0

@@ -68,7 +68,14 @@ from adapters.sqs.config import SQSConfig
 from adapters.sqs.delivery import DEFAULT_GROUP
 from adapters.sqs.errors import describe, is_unreachable
 from adapters.sqs.queues import QueueDirectory, QueueInfo, sqs_queue_name
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
+from consumer_kit.broker import (
+    DeadLetter,
+    DeadLetterQueues,
+    RedriveProgress,
+    RedriveReport,
+    header_count,
+    header_text,
+)
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -285,24 +292,24 @@ def dead_letter_of(raw: Mapping[str, Any], queue: str, work: QueueInfo) -> DeadL
     """
     system = raw.get("Attributes", {})
     headers = headers_of(raw.get("MessageAttributes"))
-    origin = _text(headers.get(ORIGINAL_QUEUE_ATTRIBUTE))
-    source_arn = _text(system.get("DeadLetterQueueSourceArn"))
+    origin = header_text(headers.get(ORIGINAL_QUEUE_ATTRIBUTE))
+    source_arn = header_text(system.get("DeadLetterQueueSourceArn"))
     if (origin and _queue_name(origin) != work.name) or (source_arn and work.arn and source_arn != work.arn):
         return None
-    reason = _text(headers.get(DEAD_LETTER_REASON_ATTRIBUTE))
+    reason = header_text(headers.get(DEAD_LETTER_REASON_ATTRIBUTE))
     sent = _sent_ms(raw)
     at = dt.datetime.fromtimestamp(sent / 1000, dt.UTC) if sent else None
-    earlier = _int(headers.get(DELIVERIES_ATTRIBUTE))
+    earlier = header_count(headers.get(DELIVERIES_ATTRIBUTE))
     broker_count = work.redrive.max_receive_count if work.redrive else 0
     return DeadLetter(
         queue=queue,
-        message_id=_text(headers.get(MESSAGE_ID_ATTRIBUTE)) or str(raw["MessageId"]),
+        message_id=header_text(headers.get(MESSAGE_ID_ATTRIBUTE)) or str(raw["MessageId"]),
         reason=reason or BROKER_REASON,
-        detail=_text(headers.get(DEAD_LETTER_DETAIL_ATTRIBUTE)),
+        detail=header_text(headers.get(DEAD_LETTER_DETAIL_ATTRIBUTE)),
         delivery_count=earlier if reason else earlier + broker_count,
         dead_lettered_at=at if reason else None,
         enqueued_at=None if reason else at,
-        operation_key=_text(headers.get(OPERATION_ID_HEADER)) or None,
+        operation_key=header_text(headers.get(OPERATION_ID_HEADER)) or None,
         headers=headers,
         body=str(raw.get("Body", "")).encode("utf-8"),
     )
@@ -325,17 +332,4 @@ def _queue_name(target: str) -> str:
 
 
 def _sent_ms(raw: Mapping[str, Any]) -> int:
-    return _int(raw.get("Attributes", {}).get("SentTimestamp"))
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def _int(value: Any) -> int:
-    try:
-        return max(0, int(_text(value)))
-    except ValueError:
-        return 0
+    return header_count(raw.get("Attributes", {}).get("SentTimestamp"))
