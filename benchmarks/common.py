@@ -12,9 +12,11 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -291,3 +293,18 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, Any]:
     """Per-round ratios (round i of both series ran back to back), summarised."""
     return summarize([n / d for n, d in zip(numerators, denominators, strict=False) if d])
+
+
+def pgbench(db_url: str, schema: str, script: Path, clients: int, seconds: int,
+            options: str | None = None) -> float | None:
+    """tps of ``script`` run by pgbench with ``clients`` clients for ``seconds`` s (prepared
+    statements, ``search_path`` = ``schema`` plus session ``options``); ``None`` if it failed."""
+    env = dict(os.environ, PGOPTIONS=f"-c search_path={schema}" + (f" {options}" if options else ""))
+    cmd = ["pgbench", "-n", "-f", str(script), "-c", str(clients), "-j", str(min(clients, 2)),
+           "-T", str(seconds), "-M", "prepared", db_url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
+    for line in proc.stdout.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    logger.warning("pgbench failed: %s", proc.stderr[-1000:])
+    return None

@@ -329,14 +329,14 @@ def scenario_pgbench(mode: Mode, db_url: str) -> dict[str, Any]:
                 path = Path(tmp) / f"{shape}.sql"
                 path.write_text(script)
                 for clients in (1, 8):
-                    tps = _pgbench(db_url, schema, path, clients, mode.pgbench_seconds)
+                    tps = common.pgbench(db_url, schema, path, clients, mode.pgbench_seconds)
                     out["runs"][f"{shape}_c{clients}"] = {"shape": shape, "clients": clients, "tps": tps}
             # The outbox's AFTER INSERT trigger NOTIFYs on every commit; PostgreSQL serialises
             # committing transactions that have notified (one global lock). Same script, trigger off:
             _outbox_trigger(db_url, schema, enable=False)
             try:
                 for clients in (1, 8):
-                    tps = _pgbench(db_url, schema, Path(tmp) / "ck.sql", clients, mode.pgbench_seconds)
+                    tps = common.pgbench(db_url, schema, Path(tmp) / "ck.sql", clients, mode.pgbench_seconds)
                     out["runs"][f"ck_nonotify_c{clients}"] = {
                         "shape": "ck, outbox NOTIFY trigger disabled", "clients": clients, "tps": tps}
             finally:
@@ -350,18 +350,6 @@ def _outbox_trigger(db_url: str, schema: str, *, enable: bool) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(sql.SQL("ALTER TABLE {} {} TRIGGER outbox_notify").format(
             sql.Identifier(schema, "outbox"), sql.SQL("ENABLE" if enable else "DISABLE")))
-
-
-def _pgbench(db_url: str, schema: str, script: Path, clients: int, seconds: int) -> float | None:
-    env = dict(os.environ, PGOPTIONS=f"-c search_path={schema}")
-    cmd = ["pgbench", "-n", "-f", str(script), "-c", str(clients), "-j", str(min(clients, 2)),
-           "-T", str(seconds), "-M", "prepared", db_url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
-    for line in proc.stdout.splitlines():
-        if line.startswith("tps ="):
-            return float(line.split()[2])
-    logger.warning("pgbench failed: %s", proc.stderr[-1000:])
-    return None
 
 
 # -- scenario 6: memory -----------------------------------------------------------------------

@@ -174,25 +174,12 @@ def pgbench_ceilings(db_url: str, clients: list[int], seconds: int, *, notify_of
                 if notify_off:
                     shapes.append(("ck", "-c consumer_kit.outbox_notify=off"))
                 for shape, options in shapes:
-                    tps = _pgbench(db_url, schema, Path(tmp) / f"{shape}.sql", c, seconds, options)
+                    tps = common.pgbench(db_url, schema, Path(tmp) / f"{shape}.sql", c, seconds, options)
                     key = f"{shape}{'_nonotify' if options else ''}_c{c}"
                     out["runs"][key] = {"shape": shape, "notify": options is None, "clients": c, "tps": tps}
     finally:
         common.drop_schema(db_url, schema)
     return out
-
-
-def _pgbench(db_url: str, schema: str, script: Path, clients: int, seconds: int,
-             options: str | None) -> float | None:
-    env = dict(os.environ, PGOPTIONS=f"-c search_path={schema}" + (f" {options}" if options else ""))
-    cmd = ["pgbench", "-n", "-f", str(script), "-c", str(clients), "-j", str(min(clients, 2)),
-           "-T", str(seconds), "-M", "prepared", db_url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 60)
-    for line in proc.stdout.splitlines():
-        if line.startswith("tps ="):
-            return float(line.split()[2])
-    logger.warning("pgbench failed: %s", proc.stderr[-1000:])
-    return None
 
 
 # -- scenarios ----------------------------------------------------------------------------------
