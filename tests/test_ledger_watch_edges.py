@@ -15,26 +15,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from consumer_kit import Context, Outcome, Result, Settings
+from consumer_kit import Outcome, Settings
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.http import Idempotency, IdempotencyPolicy, current_operation
 from consumer_kit.ledger.inspect import LedgerInspector
 from consumer_kit.stats import StatsReader
 from consumer_kit.testing import Harness
-from examples.invoices.app import SCHEMA_SQL, CreateInvoice, CreateInvoiceHandler
+from examples.invoices.app import SCHEMA_SQL
 from tests.harness import fetch_all, throwaway_schema
+from tests.test_external_effects import CommitBeginHandler
 from tests.test_relay_support import wait_until
-
-
-class CommitBeginHandler(CreateInvoiceHandler):
-    """Does the example's writes, then ends the delivery's transaction and begins a new one."""
-
-    async def handle(self, message: CreateInvoice, ctx: Context) -> Result:
-        result = await super().handle(message, ctx)
-        await ctx.connection.execute("COMMIT")
-        await ctx.connection.execute("BEGIN")
-        return result
 
 
 async def test_a_self_committed_claim_whose_worker_died_is_parked_where_operators_look(
