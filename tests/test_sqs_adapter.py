@@ -31,10 +31,10 @@ from adapters.sqs import (
     headers_of,
     sqs_queue_name,
 )
-from adapters.sqs.attributes import MAX_ATTRIBUTES, PACKED_ATTRIBUTE, size_of
+from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE, size_of
 from adapters.sqs.errors import describe, entry_publish_error
-from adapters.sqs.queues import QueueInfo
 from adapters.sqs.redelivery import GiveBacks
+from adapters.sqs.topology import QueueInfo
 from consumer_kit import OutboxWriter, Settings
 from consumer_kit.broker import Delivery, OutgoingMessage
 from consumer_kit.errors import ConfigurationError

@@ -7,7 +7,7 @@ module              job
 ==================  ===============================================================================
 ``topology``        queue names, arguments and tolerant declarations; exchange declarations;
                     the broker delivery limit
-``headers``         header names consumer-kit reads and writes; the delivery count formula
+``envelope``        header names consumer-kit reads and writes; the delivery count formula
 ``limits``          frame and message-size checks before any publish; trimming a copy to fit
 ``errors``          the broker's reply codes and texts; PublishError kinds
 ``connection``      opening and closing connections and channels
@@ -28,7 +28,7 @@ Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``
 broker count a graceful give-back: ``release`` republishes an uncounted copy instead of
 ``basic.nack(requeue=True)``, so only lost settlements and dead workers move the broker's count.
 
-**Delivery count and suspects.** ``delivery_count`` follows :mod:`adapters.rabbitmq.headers`;
+**Delivery count and suspects.** ``delivery_count`` follows :mod:`adapters.rabbitmq.envelope`;
 ``redelivered`` is the broker's flag or ``x-consumer-kit-redelivered`` (a released suspect stays
 one). Settlement details: :mod:`adapters.rabbitmq.delivery`.
 
@@ -53,7 +53,7 @@ from typing import Any
 from adapters.rabbitmq.consumer import RabbitMQConsumer
 from adapters.rabbitmq.dead_letters import RabbitMQDeadLetters
 from adapters.rabbitmq.delivery import RabbitMQDelivery
-from adapters.rabbitmq.headers import (
+from adapters.rabbitmq.envelope import (
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
     DELIVERIES_HEADER,

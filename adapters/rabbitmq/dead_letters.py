@@ -27,8 +27,7 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from adapters.rabbitmq.connection import close_quietly, open_connection
-from adapters.rabbitmq.errors import describe
-from adapters.rabbitmq.headers import (
+from adapters.rabbitmq.envelope import (
     BROKER_COUNT_HEADER,
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
@@ -37,6 +36,7 @@ from adapters.rabbitmq.headers import (
     REDELIVERED_HEADER,
     TRIMMED_HEADER,
 )
+from adapters.rabbitmq.errors import describe
 from consumer_kit.broker import (
     DeadLetter,
     DeadLetterQueues,

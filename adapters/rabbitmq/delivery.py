@@ -41,7 +41,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
 from adapters.rabbitmq.connection import close_channel_soon
-from adapters.rabbitmq.headers import (
+from adapters.rabbitmq.envelope import (
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
     DELIVERIES_HEADER,

@@ -6,19 +6,19 @@ One job per module:
 ================  =================================================================================
 module            job
 ================  =================================================================================
-``settings``      broker URL and connection string, the adapter's own settings
+``config``        broker URL and connection string, the adapter's own settings
 ``connection``    opening and closing clients (shared access key or Microsoft Entra ID)
-``entities``      queue and ``topic/Subscriptions/name`` names; receivers and senders for them
-``messages``      fields consumer-kit reads and writes; copies; dead-letter texts; relay events
+``topology``      queue and ``topic/Subscriptions/name`` names; receivers and senders for them
+``envelope``      fields consumer-kit reads and writes; copies; dead-letter texts; relay events
 ``limits``        size checks before any send; measuring a message
 ``errors``        lock loss; PublishError kinds
 ``counters``      what the consumer counts
-``give_backs``    telling a crash from our own abandon (``redelivered``)
+``redelivery``    telling a crash from our own abandon (``redelivered``)
 ``renewal``       renewing every held lock at half its remaining time
 ``route``         a delivery's receiver and session lock
 ``delivery``      :class:`ServiceBusDelivery`: complete, abandon, copies, held retry, dead-letter
 ``copies``        the sender of retry and release copies (and the queue's size limit)
-``pump``          one queue or subscription: receive exactly as many messages as there are slots
+``subscription``  one queue or subscription: receive exactly as many messages as there are slots
 ``sessions``      a session entity: sessions in parallel, each one's messages in order
 ``consumer``      :class:`ServiceBusConsumer`: pumps, pause and resume, shutdown
 ``batching``      one entity's publishes sent as ``ServiceBusMessageBatch``-es
@@ -57,7 +57,7 @@ publish         ``message_id`` = event id, ``session_id`` = partition key, ``sub
 **redelivered.** Service Bus raises ``delivery_count`` on abandon and on lock expiry alike. A
 redelivery counts as our own give-back only when this process abandoned that very message (entity,
 sequence number) and the count is exactly the next one; anything else is a suspect
-(:mod:`adapters.servicebus.give_backs`). A real crash is never missed; a message abandoned by
+(:mod:`adapters.servicebus.redelivery`). A real crash is never missed; a message abandoned by
 another process, or by this one before a restart (a release on a session entity or a
 subscription, a ``retry(0)``), is a false suspect, which costs only running alone once. Releases
 on plain queues are copies and never make a suspect.
@@ -80,15 +80,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusSettings
 from adapters.servicebus.consumer import ServiceBusConsumer
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.dead_letters import ServiceBusDeadLetters
 from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.entities import Entity
-from adapters.servicebus.give_backs import GiveBacks
-from adapters.servicebus.messages import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY
+from adapters.servicebus.envelope import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY
 from adapters.servicebus.publisher import ServiceBusPublisher
-from adapters.servicebus.settings import SCHEMES, Namespace, ServiceBusSettings
+from adapters.servicebus.redelivery import GiveBacks
+from adapters.servicebus.topology import Entity
 
 __all__ = [
     "DELIVERIES_PROPERTY",

@@ -29,9 +29,9 @@ from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from adapters.servicebus.connection import close_quietly
-from adapters.servicebus.entities import sender_for
 from adapters.servicebus.errors import describe, is_refusal, publish_error
 from adapters.servicebus.limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
+from adapters.servicebus.topology import sender_for
 from consumer_kit.broker import PublishError
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 from azure.servicebus.aio import ServiceBusClient
 from tenacity import wait_exponential
 
+from adapters.servicebus.config import Namespace
 from adapters.servicebus.errors import describe
-from adapters.servicebus.settings import Namespace
 from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The consuming side of Service Bus: one pump per subscribed entity, pause and resume, shutdown.
 
-Each subscribed name becomes an :class:`~adapters.servicebus.pump.EntityPump` (a queue or a
+Each subscribed name becomes an :class:`~adapters.servicebus.subscription.EntityPump` (a queue or a
 subscription) or, when it requires sessions, :class:`~adapters.servicebus.sessions.SessionPumps`.
 Every delivery runs its callback in a task of the consumer's own; every lock it holds is renewed
 by one :class:`~adapters.servicebus.renewal.LockKeeper` until released.
@@ -12,16 +12,16 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
+from adapters.servicebus.config import Namespace
 from adapters.servicebus.connection import Connection
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.entities import Entity, not_created_here
 from adapters.servicebus.errors import describe
-from adapters.servicebus.give_backs import DEFAULT_CAPACITY, GiveBacks
-from adapters.servicebus.pump import EntityPump, PumpContext
+from adapters.servicebus.redelivery import DEFAULT_CAPACITY, GiveBacks
 from adapters.servicebus.renewal import LockKeeper
 from adapters.servicebus.sessions import SessionPumps
-from adapters.servicebus.settings import Namespace
+from adapters.servicebus.subscription import EntityPump, PumpContext
+from adapters.servicebus.topology import Entity, not_created_here
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 
 logger = logging.getLogger(__name__)
@@ -31,14 +31,14 @@ class ServiceBusConsumer(Consumer):
     """Consume Service Bus queues and topic subscriptions in peek-lock mode.
 
     Args:
-        namespace: where and how to sign in (:class:`~adapters.servicebus.settings.Namespace`).
+        namespace: where and how to sign in (:class:`~adapters.servicebus.config.Namespace`).
         session_entities: subscribed names that require sessions.
         settle_timeout: seconds; the bound on each settlement, renewal and close.
         receive_wait: seconds one receive call waits for a first message (and one session accept
             for a session with messages); bounds how long pause and shutdown wait for a receive.
         connect_timeout: seconds opening one receiver may take.
         give_back_capacity: how many of its own abandons the consumer remembers
-            (:mod:`adapters.servicebus.give_backs`).
+            (:mod:`adapters.servicebus.redelivery`).
         renew_locks: renew every held lock (the default). ``False`` only for tests that need a lock
             to lapse under a running handler.
 

@@ -10,8 +10,8 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from adapters.servicebus.connection import close_quietly
-from adapters.servicebus.entities import sender_for
 from adapters.servicebus.limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
+from adapters.servicebus.topology import sender_for
 
 
 class Copies:

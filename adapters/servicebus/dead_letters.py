@@ -73,18 +73,18 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
+from adapters.servicebus.config import Namespace
 from adapters.servicebus.connection import Connection, close_quietly
-from adapters.servicebus.entities import Entity, sender_for
-from adapters.servicebus.errors import ENTITY_MISSING, LOCK_LOST, describe, is_refusal
-from adapters.servicebus.limits import TooLarge, check_fits_alone
-from adapters.servicebus.messages import (
+from adapters.servicebus.envelope import (
     DELIVERIES_PROPERTY,
     body_of,
     headers_of,
     message_id_of,
     redrive_copy_of,
 )
-from adapters.servicebus.settings import Namespace
+from adapters.servicebus.errors import ENTITY_MISSING, LOCK_LOST, describe, is_refusal
+from adapters.servicebus.limits import TooLarge, check_fits_alone
+from adapters.servicebus.topology import Entity, sender_for
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError

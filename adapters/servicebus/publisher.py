@@ -2,7 +2,7 @@
 
 ``message.destination`` names a queue or a topic; destination ``""`` means the routing key names a
 queue (commands, tests), as RabbitMQ's default exchange does. The message itself is built by
-:func:`adapters.servicebus.messages.outgoing_message`; batching, size checks and outcomes per
+:func:`adapters.servicebus.envelope.outgoing_message`; batching, size checks and outcomes per
 publish are :mod:`adapters.servicebus.batching`'s.
 """
 
@@ -12,10 +12,10 @@ import asyncio
 import logging
 
 from adapters.servicebus.batching import EntityBatcher, Pending
+from adapters.servicebus.config import Namespace
 from adapters.servicebus.connection import Connection
-from adapters.servicebus.entities import not_created_here
-from adapters.servicebus.messages import outgoing_message
-from adapters.servicebus.settings import Namespace
+from adapters.servicebus.envelope import outgoing_message
+from adapters.servicebus.topology import not_created_here
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 
 logger = logging.getLogger(__name__)

@@ -33,10 +33,10 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from adapters.servicebus.connection import BACKOFF, close_quietly
 from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.entities import Entity
 from adapters.servicebus.errors import LOCK_LOST, describe
-from adapters.servicebus.pump import PumpContext, log_attempt, wait_unlocked
 from adapters.servicebus.route import Route, SessionLock
+from adapters.servicebus.subscription import PumpContext, log_attempt, wait_unlocked
+from adapters.servicebus.topology import Entity
 from consumer_kit.broker import DeliveryCallback
 
 logger = logging.getLogger(__name__)

@@ -1,22 +1,22 @@
 """AWS SQS adapter (boto3): deliveries in, settlement, publishers out.
 
 boto3 and botocore are imported only inside this package, and called only from worker threads
-(:mod:`adapters.sqs.client`). One job per module:
+(:mod:`adapters.sqs.connection`). One job per module:
 
 ================  ==================================================================================
 module            job
 ================  ==================================================================================
 ``config``        the ``sqs://`` broker URL (endpoint, region, long-poll wait, visibility, options)
-``client``        one thread-safe boto3 client per adapter object, called from its own threads
+``connection``    one thread-safe boto3 client per adapter object, called from its own threads
 ``errors``        SQS error codes; PublishError kinds; stale receipt handles
-``queues``        queue names, URLs and ARNs; attributes read from the queue; dead-letter queues
-``attributes``    headers as message attributes (at most 10); consumer-kit's attribute names; sizes
+``topology``      queue names, URLs and ARNs; attributes read from the queue; dead-letter queues
+``envelope``      headers as message attributes (at most 10); consumer-kit's attribute names; sizes
 ``redelivery``    ``delivery_count`` and ``redelivered`` from ``ApproximateReceiveCount``
 ``batching``      up to 10 entries per batch call, per queue
 ``settlement``    batched deletes, visibility changes, copies; stale receipt handles
 ``delivery``      :class:`SQSDelivery`: ack, retry, release, dead-letter, the lock's deadline
-``heartbeat``     extending the visibility of held deliveries; the 12-hour maximum
-``lanes``         FIFO message groups: one message of a group at a time, groups in parallel
+``renewal``       extending the visibility of held deliveries; the 12-hour maximum
+``fifo``          FIFO message groups: one message of a group at a time, groups in parallel
 ``subscription``  one queue's long-poll loop; broker duplicates
 ``consumer``      :class:`SQSConsumer`: subscriptions, pause and resume, close
 ``publisher``     :class:`SQSPublisher`: the relay's ``SendMessageBatch``
@@ -60,7 +60,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.sqs.attributes import (
+from adapters.sqs.config import SQSConfig
+from adapters.sqs.connection import SQSClient
+from adapters.sqs.consumer import SQSConsumer
+from adapters.sqs.dead_letters import SQSDeadLetters
+from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -70,13 +75,8 @@ from adapters.sqs.attributes import (
     attributes_for,
     headers_of,
 )
-from adapters.sqs.client import SQSClient
-from adapters.sqs.config import SQSConfig
-from adapters.sqs.consumer import SQSConsumer
-from adapters.sqs.dead_letters import SQSDeadLetters
-from adapters.sqs.delivery import SQSDelivery
 from adapters.sqs.publisher import SQSPublisher
-from adapters.sqs.queues import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
+from adapters.sqs.topology import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
 
 __all__ = [
     "DEAD_LETTER_DETAIL_ATTRIBUTE",

@@ -3,8 +3,8 @@
 * **Polling**: :mod:`adapters.sqs.subscription` (batch receive up to 10, long polling, broker
   duplicates absorbed).
 * **Standard queues**: every delivery runs in a task of its own, at most ``prefetch`` held.
-* **FIFO queues**: deliveries go through their message group's lane (:mod:`adapters.sqs.lanes`).
-* **Peek-lock**: :mod:`adapters.sqs.heartbeat` extends every held delivery until it is settled,
+* **FIFO queues**: deliveries go through their message group's lane (:mod:`adapters.sqs.fifo`).
+* **Peek-lock**: :mod:`adapters.sqs.renewal` extends every held delivery until it is settled,
   or until its hand-over to the worker ends without a settlement (a crash point: the delivery is
   left to lapse, :mod:`adapters.sqs.subscription`).
 * **Pause / resume**: a paused consumer starts no new poll (pause does not wait for the one in
@@ -19,15 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from adapters.sqs.client import SQSClient
 from adapters.sqs.config import MAX_VISIBILITY_SECONDS, SQSConfig
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.delivery import SQSDelivery
 from adapters.sqs.errors import describe, is_unreachable
-from adapters.sqs.heartbeat import Heartbeat
-from adapters.sqs.lanes import GroupLanes
-from adapters.sqs.queues import QueueDirectory, QueueInfo, recommended_max_receive_count
+from adapters.sqs.fifo import GroupLanes
+from adapters.sqs.renewal import Heartbeat
 from adapters.sqs.settlement import Settler
 from adapters.sqs.subscription import Subscription
+from adapters.sqs.topology import QueueDirectory, QueueInfo, recommended_max_receive_count
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 
 logger = logging.getLogger(__name__)
@@ -42,12 +42,12 @@ class SQSConsumer(Consumer):
         config: the parsed ``sqs://`` URL.
         max_deliveries, crash_limit: the runtime's bounds; a queue whose redrive policy's
             ``maxReceiveCount`` is not above them is warned about, and created queues get
-            :func:`~adapters.sqs.queues.recommended_max_receive_count`.
+            :func:`~adapters.sqs.topology.recommended_max_receive_count`.
         settle_timeout: seconds; the bound on each settlement.
         concurrency: the worker's concurrency: sizes the client's threads and connection pool.
         handler_timeout: the runtime's handler timeout in seconds, only checked against the
             visibility timeout and the 12-hour maximum (WARNING).
-        client: an :class:`~adapters.sqs.client.SQSClient` to use (tests); default: its own.
+        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
 
     Raises:
         ValueError: on invalid arguments.
@@ -113,7 +113,7 @@ class SQSConsumer(Consumer):
     # -- Consumer API ------------------------------------------------------------------------
 
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
-        """Look up ``queue`` and its dead-letter queue (see :mod:`adapters.sqs.queues`) and start
+        """Look up ``queue`` and its dead-letter queue (see :mod:`adapters.sqs.topology`) and start
         polling it, holding at most ``prefetch`` deliveries.
 
         Raises:
@@ -161,7 +161,7 @@ class SQSConsumer(Consumer):
 
     async def declare(self, queue: str) -> list[str]:
         """Create ``queue`` with a redrive policy to a new ``<name>-dlq`` where it does not exist
-        (``consumer-kit declare``; :mod:`adapters.sqs.queues`); returns the SQS names of the queue
+        (``consumer-kit declare``; :mod:`adapters.sqs.topology`); returns the SQS names of the queue
         and its dead-letter queue. Idempotent.
 
         Raises:

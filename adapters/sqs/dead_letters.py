@@ -3,7 +3,7 @@
 
 **Which queue.** The work queue's ``RedrivePolicy`` ``deadLetterTargetArn``, else ``<name>-dlq``:
 the queue :class:`~adapters.sqs.delivery.SQSDelivery` dead-letters to
-(:meth:`~adapters.sqs.queues.QueueDirectory.dead_letter_queue`). A dead-letter queue may serve
+(:meth:`~adapters.sqs.topology.QueueDirectory.dead_letter_queue`). A dead-letter queue may serve
 several work queues; only the dead letters of the queue asked for are listed and redriven (by
 ``x-original-queue``, or SQS's ``DeadLetterQueueSourceArn`` for a message SQS moved itself); the
 others are left alone.
@@ -52,7 +52,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from adapters.sqs.attributes import (
+from adapters.sqs.config import SQSConfig
+from adapters.sqs.connection import SQSClient
+from adapters.sqs.delivery import DEFAULT_GROUP
+from adapters.sqs.envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -63,11 +66,8 @@ from adapters.sqs.attributes import (
     fit,
     headers_of,
 )
-from adapters.sqs.client import SQSClient
-from adapters.sqs.config import SQSConfig
-from adapters.sqs.delivery import DEFAULT_GROUP
 from adapters.sqs.errors import describe, is_unreachable
-from adapters.sqs.queues import QueueDirectory, QueueInfo, sqs_queue_name
+from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
 from consumer_kit.broker import (
     DeadLetter,
     DeadLetterQueues,
@@ -114,7 +114,7 @@ class SQSDeadLetters(DeadLetterQueues):
 
     Args:
         config: the parsed ``sqs://`` URL.
-        client: an :class:`~adapters.sqs.client.SQSClient` to use (tests); default: its own.
+        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
     """
 
     def __init__(self, config: SQSConfig, *, client: SQSClient | None = None) -> None:

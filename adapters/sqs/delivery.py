@@ -11,7 +11,7 @@ retry(delay)   standard queue: a copy with ``DelaySeconds`` = ``ceil(delay)`` an
 release        standard queue: a copy with ``x-consumer-kit-deliveries = delivery_count - 1``
                (uncounted) and ``x-consumer-kit-redelivered`` for a suspect, then the original is
                deleted. FIFO queue: ``ChangeMessageVisibility(0)``, remembered as uncounted
-dead_letter    a copy to the dead-letter queue (:mod:`adapters.sqs.queues`) with
+dead_letter    a copy to the dead-letter queue (:mod:`adapters.sqs.topology`) with
                ``x-dead-letter-reason``, ``x-dead-letter-detail``, ``x-original-queue`` and
                ``x-consumer-kit-deliveries``, then the original is deleted. SQS's redrive cannot
                carry a reason, so consumer-kit always sends the copy itself
@@ -25,7 +25,7 @@ to move after ``maxReceiveCount`` receives (logged at ERROR: without a redrive p
 coming back).
 
 **The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
-the visibility timeout, moved by each extension (:mod:`adapters.sqs.heartbeat`). Past that
+the visibility timeout, moved by each extension (:mod:`adapters.sqs.renewal`). Past that
 (less a margin of 10 % of the timeout, at most 1 s) nothing is settled any more: SQS may have
 handed the message to someone else, so an ack would delete a message another worker holds.
 Such a settlement raises :class:`~adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
@@ -41,7 +41,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from adapters.sqs.attributes import (
+from adapters.sqs.config import MAX_VISIBILITY_SECONDS
+from adapters.sqs.envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -53,10 +54,9 @@ from adapters.sqs.attributes import (
     fit,
     headers_of,
 )
-from adapters.sqs.config import MAX_VISIBILITY_SECONDS
-from adapters.sqs.queues import QueueInfo
 from adapters.sqs.redelivery import GIVE_BACKS
 from adapters.sqs.settlement import LockLost, Settler
+from adapters.sqs.topology import QueueInfo
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.envelope import CORRELATION_ID_HEADER
 

@@ -8,11 +8,11 @@ own answer: SQS reports every entry on its own, and a failed entry becomes a
 only. An endpoint that refuses the batch as too long gets each entry again on its own.
 
 **What is sent.** ``destination`` names the queue (``""``: ``routing_key`` does, as on RabbitMQ's
-default exchange): a consumer-kit name, URL or ARN (:mod:`adapters.sqs.queues`). The body is the
+default exchange): a consumer-kit name, URL or ARN (:mod:`adapters.sqs.topology`). The body is the
 event's JSON text. Message attributes carry the event's headers (event id, ``message-type``,
 trace context ``traceparent``/``tracestate``, correlation id, ...), ``x-consumer-kit-message-id``
 = the event ID and ``routing-key`` when there is one, at most 10 attributes
-(:mod:`adapters.sqs.attributes`). On a FIFO queue ``MessageDeduplicationId`` = the event ID and
+(:mod:`adapters.sqs.envelope`). On a FIFO queue ``MessageDeduplicationId`` = the event ID and
 ``MessageGroupId`` = the partition key (``consumer-kit`` without one).
 
 **Size.** Body plus attributes are measured against the queue's ``MaximumMessageSize`` before
@@ -25,11 +25,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.sqs.attributes import MESSAGE_ID_ATTRIBUTE, attributes_for, size_of
 from adapters.sqs.batching import Batcher
-from adapters.sqs.client import SQSClient
 from adapters.sqs.config import SQSConfig
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.delivery import DEFAULT_GROUP
+from adapters.sqs.envelope import MESSAGE_ID_ATTRIBUTE, attributes_for, size_of
 from adapters.sqs.errors import (
     BATCH_TOO_LONG,
     describe,
@@ -38,7 +38,7 @@ from adapters.sqs.errors import (
     is_unreachable,
     publish_error,
 )
-from adapters.sqs.queues import QueueDirectory, QueueInfo
+from adapters.sqs.topology import QueueDirectory, QueueInfo
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
@@ -57,7 +57,7 @@ class SQSPublisher(Publisher):
     Args:
         config: the parsed ``sqs://`` URL.
         linger: seconds concurrent publishes wait to share a batch call.
-        client: an :class:`~adapters.sqs.client.SQSClient` to use (tests); default: its own.
+        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
 
     Attributes:
         batches: ``SendMessageBatch`` calls made.

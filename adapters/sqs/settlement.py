@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from adapters.sqs.batching import Batcher
-from adapters.sqs.client import SQSClient
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.errors import entry_code, is_stale, is_stale_receipt
 
 logger = logging.getLogger(__name__)

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from adapters.sqs.client import SQSClient
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.delivery import SQSDelivery
 from adapters.sqs.errors import describe
-from adapters.sqs.heartbeat import Heartbeat
-from adapters.sqs.queues import QueueInfo
+from adapters.sqs.renewal import Heartbeat
 from adapters.sqs.settlement import Settler
+from adapters.sqs.topology import QueueInfo
 from consumer_kit.broker import DeliveryCallback
 
 logger = logging.getLogger(__name__)

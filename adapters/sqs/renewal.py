@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from adapters.sqs.client import SQSClient
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.errors import describe, entry_code, is_stale, is_stale_receipt
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from adapters.sqs.client import SQSClient
+from adapters.sqs.connection import SQSClient
 from adapters.sqs.errors import NON_EXISTENT_QUEUE, describe, is_code
 from consumer_kit.errors import ConfigurationError
 
@@ -106,7 +106,7 @@ class QueueDirectory:
     """Looks queues up (cached per target) and creates missing ones when asked.
 
     Args:
-        client: the adapter's :class:`~adapters.sqs.client.SQSClient`.
+        client: the adapter's :class:`~adapters.sqs.connection.SQSClient`.
         account_id: owner of queues named by plain name (``None``: the caller's account).
         max_receive_count: ``maxReceiveCount`` of the redrive policy of created queues.
     """

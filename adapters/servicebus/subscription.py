@@ -28,11 +28,11 @@ from adapters.servicebus.connection import BACKOFF, close_quietly
 from adapters.servicebus.copies import Copies
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.entities import Entity
 from adapters.servicebus.errors import describe
-from adapters.servicebus.give_backs import GiveBacks
+from adapters.servicebus.redelivery import GiveBacks
 from adapters.servicebus.renewal import LockKeeper
 from adapters.servicebus.route import Route
+from adapters.servicebus.topology import Entity
 from consumer_kit.broker import DeliveryCallback
 
 logger = logging.getLogger(__name__)
