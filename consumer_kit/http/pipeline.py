@@ -80,9 +80,11 @@ from consumer_kit.http.stored import (
     ResponseNotStorable,
     StoredResponse,
 )
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import Fence, Ledger, OperationRow
+from consumer_kit.ledger import Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import OperationRow
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error
 from consumer_kit.transaction import (

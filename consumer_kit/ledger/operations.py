@@ -6,7 +6,6 @@ States: ``processing -> completed | failed | needs_reconciliation`` and
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,39 +14,19 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.outbox import PendingEvent, events_cte, events_params
-from consumer_kit.outcomes import StoredResult
+from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.fence import LEASE, LEASE_AND_TRANSACTION, TRANSACTION, Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import OperationRow
+from consumer_kit.model.results import StoredResult
+from consumer_kit.model.retention import KEEP, Retention
+from consumer_kit.outbox import events_cte, events_params
 from consumer_kit.prepared import SessionStatement
 
 PROCESSING = "processing"
 COMPLETED = "completed"
 FAILED = "failed"
 NEEDS_RECONCILIATION = "needs_reconciliation"
-
-@dataclass(frozen=True)
-class OperationRow:
-    """One ledger row, as the runtime needs it."""
-
-    scope: str
-    key: str
-    fingerprint: str
-    projection_version: int
-    state: str
-    attempts: int
-    lease_owner: str | None
-    lease_live: bool
-    result_status: str | None
-    result_reference: str | None
-    result_body: Any
-    error_class: str | None
-    error_detail: str | None
-    completed_at: dt.datetime | None
-
-    @property
-    def stored_result(self) -> StoredResult:
-        return StoredResult(self.result_status, self.result_reference, self.result_body)
-
 
 _ROW_COLUMNS = sql.SQL(
     "scope, key, fingerprint, projection_version, state, attempts, lease_owner, "
@@ -78,9 +57,6 @@ _TERMINAL_UPSERT = sql.SQL(
 )
 
 
-TRANSACTION = "transaction"
-LEASE = "lease"
-LEASE_AND_TRANSACTION = "lease_and_transaction"
 _FENCES = {
     TRANSACTION: sql.SQL("pg_current_xact_id_if_assigned() = %(xid)s::xid8"),
     LEASE: sql.SQL("lease_owner = %(owner)s AND attempts = %(attempt)s"),
@@ -92,22 +68,6 @@ _FENCES = {
 
 
 @dataclass(frozen=True)
-class Retention:
-    """How long an operation's bulky result body and its compact identity row are kept, in
-    seconds from its first write (``None``: kept until deleted by hand). Stored in the row as
-    ``body_expires_at`` / ``key_expires_at`` for ``consumer-kit prune``."""
-
-    body_seconds: float | None = None
-    key_seconds: float | None = None
-
-    def params(self) -> dict[str, float | None]:
-        return {"body_keep": self.body_seconds, "key_keep": self.key_seconds}
-
-
-KEEP = Retention()
-
-
-@dataclass(frozen=True)
 class Claim:
     """What :meth:`Ledger.claim` found: ``claimed`` (this transaction inserted the row), the row,
     and the id of the transaction that claimed (``None`` when not claimed)."""
@@ -115,37 +75,6 @@ class Claim:
     claimed: bool
     row: OperationRow | None
     xid: str | None
-
-
-@dataclass(frozen=True)
-class Fence:
-    """What a write of the operation's owner must still match: the claiming transaction
-    (``kind == TRANSACTION``, ``xid``) or the lease (``kind == LEASE``, ``owner`` and ``attempt``,
-    the fencing token)."""
-
-    kind: str
-    xid: str | None = None
-    owner: str | None = None
-    attempt: int | None = None
-
-    @classmethod
-    def of_transaction(cls, xid: str) -> Fence:
-        return cls(TRANSACTION, xid=xid)
-
-    @classmethod
-    def of_lease(cls, owner: str, attempt: int) -> Fence:
-        return cls(LEASE, owner=owner, attempt=attempt)
-
-    def within_transaction(self, xid: str) -> Fence:
-        """This lease fence, also bound to the completion transaction ``xid``."""
-        return Fence(LEASE_AND_TRANSACTION, xid=xid, owner=self.owner, attempt=self.attempt)
-
-    def params(self) -> dict[str, Any]:
-        if self.kind == TRANSACTION:
-            return {"xid": self.xid}
-        if self.kind == LEASE:
-            return {"owner": self.owner, "attempt": self.attempt}
-        return {"xid": self.xid, "owner": self.owner, "attempt": self.attempt}
 
 
 def _render(statement: sql.Composable) -> bytes:

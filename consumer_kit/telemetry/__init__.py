@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 
-from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error, describe_traceback
 from consumer_kit.telemetry.logs import log_delivery

@@ -12,7 +12,7 @@ Example::
         kit.assert_outcomes({"executed": 1, "duplicate": 4})
         await kit.assert_one_effect("SELECT count(*) FROM invoices")
 
-Outcomes (``kit.reports``) are :class:`~consumer_kit.outcomes.DeliveryReport` objects, one per
+Outcomes (``kit.reports``) are :class:`~consumer_kit.model.outcomes.DeliveryReport` objects, one per
 delivery, including ``crashed`` ones. The harness imports the memory adapter through the
 ``consumer_kit.brokers`` entry point, like any other adapter.
 """
@@ -40,7 +40,7 @@ from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, TENA
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.handler import Handler
 from consumer_kit.ledger import COMPLETED, FAILED, migrate
-from consumer_kit.outcomes import DeliveryReport, Outcome
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.settings import Settings
 
 #: Outcomes that end a delivery's life (the message left the queue). The others are steps on the

@@ -29,7 +29,7 @@ from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
-from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
 from examples.invoices.app import app, create_tables
