@@ -16,7 +16,7 @@ module           job
 ``setup``        SDK set-up for the CLIs: Prometheus endpoint, OTLP export
 ===============  ===============================================================================
 
-In-process outcome counters (:class:`Counters`) feed ``consumer-kit demo``, the testing kit and
+In-process outcome counters (:class:`Counters`) feed the demo (``examples/invoices/demo.py``), the testing kit and
 health output.
 """
 
