@@ -45,9 +45,9 @@ from consumer_kit.effects import Evidence, Reconciled, Verdict
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import DeadLetterReason, LeaseLost, PermanentFailure, SimulatedCrash
 from consumer_kit.handler import Context
-from consumer_kit.ledger import FAILED, NEEDS_RECONCILIATION, EvidenceBook, Ledger
+from consumer_kit.ledger import EvidenceBook, Ledger
 from consumer_kit.model.fence import Fence
-from consumer_kit.model.operation_row import OperationRow
+from consumer_kit.model.operation_row import FAILED, NEEDS_RECONCILIATION, OperationRow
 from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.settings import Settings

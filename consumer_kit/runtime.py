@@ -45,7 +45,6 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import crashpoints
-from consumer_kit import ledger as ledger_states
 from consumer_kit.admission import Admission, GiveBack
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
@@ -67,6 +66,7 @@ from consumer_kit.identity import UnsupportedNumber
 from consumer_kit.lanes import Lanes
 from consumer_kit.leased import LeasedPath
 from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger
+from consumer_kit.model import operation_row as ledger_states
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.operation_row import OperationRow

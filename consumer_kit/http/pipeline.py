@@ -49,7 +49,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from consumer_kit import crashpoints
-from consumer_kit import ledger as ledger_states
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded
 from consumer_kit.errors import PermanentFailure
@@ -82,6 +81,7 @@ from consumer_kit.http.stored import (
 )
 from consumer_kit.ledger import Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
+from consumer_kit.model import operation_row as ledger_states
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.operation_row import OperationRow

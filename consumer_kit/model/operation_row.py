@@ -8,6 +8,13 @@ from typing import Any
 
 from consumer_kit.model.results import StoredResult
 
+# The states of a row: processing -> completed | failed | needs_reconciliation, and
+# needs_reconciliation -> completed | failed (operator or reconcile pass).
+PROCESSING = "processing"
+COMPLETED = "completed"
+FAILED = "failed"
+NEEDS_RECONCILIATION = "needs_reconciliation"
+
 
 @dataclass(frozen=True)
 class OperationRow:
