@@ -10,24 +10,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import datetime as dt
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.model.settlement import Settlement as Settlement
 
 logger = logging.getLogger("consumer_kit.broker")
-
-
-class Settlement(enum.StrEnum):
-    """How a delivery was finished."""
-
-    ACK = "ack"
-    RETRY = "retry"
-    DEAD_LETTER = "dead_letter"
-    RELEASED = "released"  # given back uncounted (shutdown, environment fault, isolation)
 
 
 class Delivery(abc.ABC):

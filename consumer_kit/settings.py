@@ -97,7 +97,7 @@ class DatabaseSettings(BaseSettings):
         "PostgreSQL URL, or 'embedded' for an embedded PostgreSQL (pgserver) under"
         " embedded_data_dir. Unset: the worker, the relay and migrate refuse to start, so a"
         " forgotten URL never puts real messages into a throwaway database; in-process runs"
-        " (consumer-kit demo, tests with memory://) use the embedded one.",
+        " (the demo, tests with memory://) use the embedded one.",
     )
     db_schema: str = example("consumer_kit", "Schema of the ledger and outbox.", default="consumer_kit")
     embedded_data_dir: Path = Field(

@@ -164,7 +164,7 @@ def require_shared_broker(settings: Settings, program: str) -> None:
         raise ConfigurationError(
             f"{program} needs a real broker: set CONSUMER_KIT_BROKER_URL (e.g. "
             "amqp://guest:guest@127.0.0.1:5672/). memory:// only works inside one process "
-            "(consumer-kit demo, tests)."
+            "(the demo, tests)."
         )
 
 
