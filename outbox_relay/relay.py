@@ -37,7 +37,8 @@ from consumer_kit.errors import ConfigurationError
 from consumer_kit.faults import FaultKind, classify
 from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.redaction import redact_url
+from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
 from outbox_relay.counters import RelayCounters
 from outbox_relay.listener import NotifyListener

@@ -17,7 +17,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.settings import DatabaseSettings, Settings, redact_url, unknown_variables
+from consumer_kit.redaction import redact_url
+from consumer_kit.settings import DatabaseSettings, Settings, unknown_variables
 
 EXIT_USAGE = 2
 
