@@ -78,7 +78,7 @@ Entry points (``consumer_kit.brokers``, schemes ``servicebus`` and ``sb``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusSettings
 from adapters.servicebus.consumer import ServiceBusConsumer
@@ -89,6 +89,7 @@ from adapters.servicebus.envelope import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_I
 from adapters.servicebus.publisher import ServiceBusPublisher
 from adapters.servicebus.redelivery import GiveBacks
 from adapters.servicebus.topology import Entity
+from consumer_kit.settings import Settings
 
 __all__ = [
     "DELIVERIES_PROPERTY",
@@ -109,9 +110,9 @@ __all__ = [
 ]
 
 
-def consumer_from_settings(settings: Any) -> ServiceBusConsumer:
+def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
     """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
-    (``consumer_kit.settings.Settings``; ``settle_timeout`` bounds settlements) and the
+    (``settle_timeout`` bounds settlements) and the
     ``CONSUMER_KIT_SERVICEBUS_*`` settings.
 
     Raises:
@@ -126,7 +127,7 @@ def consumer_from_settings(settings: Any) -> ServiceBusConsumer:
     )
 
 
-def publisher_from_settings(settings: Any) -> ServiceBusPublisher:
+def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
     """Entry point ``consumer_kit.brokers: servicebus``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirmation.
 
@@ -141,7 +142,7 @@ def publisher_from_settings(settings: Any) -> ServiceBusPublisher:
     )
 
 
-def dead_letters_from_settings(settings: Any) -> ServiceBusDeadLetters:
+def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
     """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
     subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
     :mod:`adapters.servicebus.dead_letters`); a redrive's receive waits
@@ -154,3 +155,10 @@ def dead_letters_from_settings(settings: Any) -> ServiceBusDeadLetters:
     return ServiceBusDeadLetters(
         Namespace.from_settings(settings.broker_url, adapter), receive_wait=adapter.receive_wait,
     )
+
+
+if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
+    import adapters.servicebus
+    from consumer_kit.brokers import DeadLetterAdapter
+
+    _PROVIDES: DeadLetterAdapter = adapters.servicebus

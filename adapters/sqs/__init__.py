@@ -58,7 +58,7 @@ Entry points (``consumer_kit.brokers``, scheme ``sqs``): :func:`consumer_from_se
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adapters.sqs.config import SQSConfig
 from adapters.sqs.connection import SQSClient
@@ -77,6 +77,7 @@ from adapters.sqs.envelope import (
 )
 from adapters.sqs.publisher import SQSPublisher
 from adapters.sqs.topology import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
+from consumer_kit.settings import Settings
 
 __all__ = [
     "DEAD_LETTER_DETAIL_ATTRIBUTE",
@@ -103,10 +104,9 @@ __all__ = [
 ]
 
 
-def consumer_from_settings(settings: Any) -> SQSConsumer:
-    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``consumer_kit.settings.Settings``
-    (``broker_url``, ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``,
-    ``handler_timeout``).
+def consumer_from_settings(settings: Settings) -> SQSConsumer:
+    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``settings`` (``broker_url``,
+    ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``, ``handler_timeout``).
 
     Raises:
         ConfigurationError: the ``sqs://`` URL is invalid.
@@ -114,14 +114,14 @@ def consumer_from_settings(settings: Any) -> SQSConsumer:
     return SQSConsumer(
         SQSConfig.from_url(settings.broker_url),
         max_deliveries=settings.max_deliveries,
-        crash_limit=getattr(settings, "crash_limit", 3),
+        crash_limit=settings.crash_limit,
         settle_timeout=settings.settle_timeout,
-        concurrency=getattr(settings, "concurrency", 8),
+        concurrency=settings.concurrency,
         handler_timeout=settings.handler_timeout,
     )
 
 
-def publisher_from_settings(settings: Any) -> SQSPublisher:
+def publisher_from_settings(settings: Settings) -> SQSPublisher:
     """Entry point ``consumer_kit.brokers: sqs``: a publisher for ``settings.broker_url``.
 
     Raises:
@@ -130,7 +130,7 @@ def publisher_from_settings(settings: Any) -> SQSPublisher:
     return SQSPublisher(SQSConfig.from_url(settings.broker_url))
 
 
-def dead_letters_from_settings(settings: Any) -> SQSDeadLetters:
+def dead_letters_from_settings(settings: Settings) -> SQSDeadLetters:
     """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
     ``settings.broker_url`` (``consumer-kit dlq``; :mod:`adapters.sqs.dead_letters`).
 
@@ -138,3 +138,10 @@ def dead_letters_from_settings(settings: Any) -> SQSDeadLetters:
         ConfigurationError: the ``sqs://`` URL is invalid.
     """
     return SQSDeadLetters(SQSConfig.from_url(settings.broker_url))
+
+
+if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
+    import adapters.sqs
+    from consumer_kit.brokers import DeadLetterAdapter
+
+    _PROVIDES: DeadLetterAdapter = adapters.sqs
