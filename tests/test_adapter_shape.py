@@ -12,6 +12,7 @@ import pytest
 
 from consumer_kit.broker import DeadLetterQueues, RedriveReport
 from consumer_kit.brokers import GROUP, REQUIRED, adapter_for, check_adapter, open_dead_letters
+from consumer_kit.counters import Counted, Counters
 from consumer_kit.dead_letters import CopyRefused, DeadLetter, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.settings import Settings
@@ -108,3 +109,35 @@ async def test_a_failure_that_is_not_a_refusal_stops_the_redrive() -> None:
     with pytest.raises(ConnectionError):
         await run.look_at("a", letter("a"))
     assert dead == ["a", "b"] and run.report == RedriveReport()
+
+
+# -- counters --------------------------------------------------------------------------------------
+
+
+class Counting:
+    deletes = Counted()
+    retries = Counted()
+
+    def __init__(self) -> None:
+        self.counters = Counters(("deletes", "retries"))
+
+
+def test_counters_start_at_zero_in_order_and_summarise_what_was_counted() -> None:
+    counters = Counters(("received", "renewals", "locks_lost"))
+    assert counters.snapshot() == {"received": 0, "renewals": 0, "locks_lost": 0}
+    counters.add("renewals")
+    counters.add("received", 3)
+    assert (counters["received"], counters["renewals"], counters["locks_lost"]) == (3, 1, 0)
+    assert list(counters.snapshot()) == ["received", "renewals", "locks_lost"]
+    assert counters.summary() == "received=3 renewals=1"
+
+
+def test_a_counted_attribute_lives_in_its_owners_counters() -> None:
+    one, other = Counting(), Counting()
+    one.deletes += 1
+    one.deletes += 1
+    other.retries += 1
+    assert (one.deletes, one.retries, other.deletes, other.retries) == (2, 0, 0, 1)
+    assert one.counters.snapshot() == {"deletes": 2, "retries": 0}
+    with pytest.raises(AttributeError):
+        _ = Counting.deletes
