@@ -63,10 +63,10 @@ from adapters.sqs.envelope import (
     ORIGINAL_QUEUE_ATTRIBUTE,
     PACKED_ATTRIBUTE,
     REDELIVERED_ATTRIBUTE,
-    fit,
     headers_of,
 )
 from adapters.sqs.errors import describe, is_unreachable
+from adapters.sqs.limits import fit
 from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
 from consumer_kit.dead_letters import (
     REASON_ON_COPY_CHARS,
