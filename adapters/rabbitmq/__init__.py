@@ -1,22 +1,34 @@
 """RabbitMQ adapter (aio-pika): deliveries in, settlement, publishers out.
 
-The aio-pika SDK (with aiormq and pamqp) is imported only inside this package. One job per module:
+The aio-pika SDK (with aiormq and pamqp) is imported only inside this package. One job per module,
+the same modules in the same order under the same names in every adapter (``broker-only``: this
+broker alone needs it):
 
-==================  ===============================================================================
-module              job
-==================  ===============================================================================
-``topology``        queue names, arguments and tolerant declarations; exchange declarations;
-                    the broker delivery limit
-``envelope``        header names consumer-kit reads and writes; the delivery count formula
-``limits``          frame and message-size checks before any publish; trimming a copy to fit
-``errors``          the broker's reply codes and texts; PublishError kinds
-``connection``      opening and closing connections and channels
-``delivery``        :class:`RabbitMQDelivery`: ack, retry, dead-letter and release copies, abandon
-``subscription``    one queue on a channel of its own: consume, cancel, re-create
-``consumer``        :class:`RabbitMQConsumer`: the connection, recovery, pause and resume
-``publisher``       :class:`RabbitMQPublisher`: the relay's confirmed publishes
-``dead_letters``    :class:`RabbitMQDeadLetters`: list and redrive ``<queue>.dlq`` (``consumer-kit dlq``)
-==================  ===============================================================================
+==================  ================================================================================
+module              job (the words before the dash are the same in every adapter)
+==================  ================================================================================
+``config``          the broker URL and what the adapter takes from the settings —
+                    :class:`RabbitMQConfig`; the vhost
+``connection``      opening and closing connections — AMQP connections and channels; the backoff
+                    between reconnects
+``topology``        queue names; creating or reading queues — queue arguments and tolerant
+                    declarations; exchanges; the broker delivery limit
+``envelope``        consumer-kit's headers on this broker's messages — header names; the delivery
+                    count formula (so no ``redelivery`` module)
+``limits``          sizes checked before any send — ``frame_max`` and ``max_message_size``; trimming
+                    a copy to fit
+``errors``          what a failure means; PublishError kinds — the broker's reply codes and texts
+``delivery``        one delivery: ack, retry, dead-letter, release — :class:`RabbitMQDelivery`:
+                    copies, abandon
+``subscription``    one queue's receive loop — a channel of its own: consume, cancel, re-create (no
+                    ``renewal``: RabbitMQ holds a delivery until its channel closes)
+``consumer``        the consumer: subscriptions, pause and resume, close —
+                    :class:`RabbitMQConsumer`: the connection, recovery
+``publisher``       the relay's confirmed publishes — :class:`RabbitMQPublisher`: publisher confirms
+                    (no ``batching``: confirms are pipelined)
+``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) —
+                    :class:`RabbitMQDeadLetters`: ``<queue>.dlq``
+==================  ================================================================================
 
 Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
 ``<queue>.dlq`` and one ``<queue>.retry.<ms>ms`` per retry delay tier; details in

@@ -1,27 +1,41 @@
 """AWS SQS adapter (boto3): deliveries in, settlement, publishers out.
 
 boto3 and botocore are imported only inside this package, and called only from worker threads
-(:mod:`adapters.sqs.connection`). One job per module:
+(:mod:`adapters.sqs.connection`). One job per module, the same modules in the same order under the
+same names in every adapter (``broker-only``: this broker alone needs it):
 
-================  ==================================================================================
-module            job
-================  ==================================================================================
-``config``        the ``sqs://`` broker URL (endpoint, region, long-poll wait, visibility, options)
-``connection``    one thread-safe boto3 client per adapter object, called from its own threads
-``errors``        SQS error codes; PublishError kinds; stale receipt handles
-``topology``      queue names, URLs and ARNs; attributes read from the queue; dead-letter queues
-``envelope``      headers as message attributes (at most 10); consumer-kit's attribute names; sizes
-``redelivery``    ``delivery_count`` and ``redelivered`` from ``ApproximateReceiveCount``
-``batching``      up to 10 entries per batch call, per queue
-``settlement``    batched deletes, visibility changes, copies; stale receipt handles
-``delivery``      :class:`SQSDelivery`: ack, retry, release, dead-letter, the lock's deadline
-``renewal``       extending the visibility of held deliveries; the 12-hour maximum
-``fifo``          FIFO message groups: one message of a group at a time, groups in parallel
-``subscription``  one queue's long-poll loop; broker duplicates
-``consumer``      :class:`SQSConsumer`: subscriptions, pause and resume, close
-``publisher``     :class:`SQSPublisher`: the relay's ``SendMessageBatch``
-``dead_letters``  :class:`SQSDeadLetters`: list and redrive a work queue's DLQ (``consumer-kit dlq``)
-================  ==================================================================================
+==================  ================================================================================
+module              job (the words before the dash are the same in every adapter)
+==================  ================================================================================
+``config``          the broker URL and what the adapter takes from the settings —
+                    :class:`SQSConfig`: the ``sqs://`` URL (endpoint, region, long-poll wait,
+                    visibility, options)
+``connection``      opening and closing connections — one thread-safe boto3 client per adapter
+                    object, called from its own threads
+``topology``        queue names; creating or reading queues — URLs and ARNs; attributes read from
+                    the queue; dead-letter queues
+``envelope``        consumer-kit's headers on this broker's messages — headers as message attributes
+                    (at most 10); consumer-kit's attribute names
+``redelivery``      ``delivery_count`` and ``redelivered`` — from ``ApproximateReceiveCount`` and
+                    our own give-backs
+``limits``          sizes checked before any send — the queue's ``MaximumMessageSize`` and the batch
+                    size; trimming a copy to fit
+``errors``          what a failure means; PublishError kinds — SQS error codes; stale receipt
+                    handles
+``delivery``        one delivery: ack, retry, dead-letter, release — :class:`SQSDelivery`: the
+                    lock's deadline
+``renewal``         keeping held deliveries locked — extending the visibility of held deliveries;
+                    the 12-hour maximum
+``subscription``    one queue's receive loop — the long-poll loop; broker duplicates
+``consumer``        the consumer: subscriptions, pause and resume, close — :class:`SQSConsumer`
+``publisher``       the relay's confirmed publishes — :class:`SQSPublisher`: ``SendMessageBatch``
+``batching``        calls sent in batches — up to 10 entries per batch call, per queue
+``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) — :class:`SQSDeadLetters`:
+                    a work queue's DLQ
+``settlement``      broker-only: batched deletes, visibility changes, copies; stale receipt handles
+``fifo``            broker-only: FIFO message groups, one message of a group at a time, groups in
+                    parallel
+==================  ================================================================================
 
 Mapping of the broker contract (``consumer_kit.broker``):
 
