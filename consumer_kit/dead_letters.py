@@ -131,12 +131,16 @@ class DeadLetterQueues:
     ) -> RedriveReport:
         """Move the dead letters of ``queue`` that ``select`` accepts back to ``queue`` (contract in
         the class docstring); with ``dry_run``, only count them. Looks at each message that is in
-        the dead-letter queue when it starts, once.
+        the dead-letter queue when it starts, once. An adapter implements :meth:`_redrive`.
 
         Raises:
             ConfigurationError: not supported by this broker, or the queue has no dead-letter queue.
             ConnectionError: the broker cannot be reached.
         """
+        return await self._redrive(queue, RedriveAsked(select, dry_run, progress))
+
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
+        """:meth:`redrive` on this broker (usually a loop feeding a :class:`Redrive`)."""
         raise self._unsupported(queue)
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
@@ -37,18 +37,8 @@ from adapters.rabbitmq.envelope import (
     TRIMMED_HEADER,
 )
 from adapters.rabbitmq.errors import describe
-from consumer_kit.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    DeadLetter,
-    DeadLetterQueues,
-    Redrive,
-    RedriveAsked,
-    RedriveProgress,
-    RedriveReport,
-    header_count,
-    header_text,
-)
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -104,16 +94,12 @@ class RabbitMQDeadLetters(DeadLetterQueues):
             await channel.close()  # every message taken goes back
         return found
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
         connection = await self._connect()
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         try:
             dlq = await self._dlq(channel, queue)
-            run = _Redrive(RedriveAsked(select, dry_run, progress), channel, self._timeout,
-                           target=queue, source=dlq.name)
+            run = _Redrive(asked, channel, self._timeout, target=queue, source=dlq.name)
             for _ in range(int(dlq.declaration_result.message_count or 0)):
                 message = await dlq.get(no_ack=False, fail=False, timeout=self._timeout)
                 if message is None:

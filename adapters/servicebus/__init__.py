@@ -91,7 +91,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusSettings
+from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings
 from adapters.servicebus.consumer import ServiceBusConsumer
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.dead_letters import ServiceBusDeadLetters
@@ -110,6 +110,7 @@ __all__ = [
     "Entity",
     "GiveBacks",
     "Namespace",
+    "ServiceBusConfig",
     "ServiceBusConsumer",
     "ServiceBusDeadLetters",
     "ServiceBusDelivery",
@@ -123,18 +124,18 @@ __all__ = [
 
 def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
     """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
-    (``settle_timeout`` bounds settlements) and the
-    ``CONSUMER_KIT_SERVICEBUS_*`` settings.
+    (``settle_timeout`` bounds settlements) and the ``CONSUMER_KIT_SERVICEBUS_*`` settings
+    (:class:`~adapters.servicebus.config.ServiceBusConfig`).
 
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
+    config = ServiceBusConfig.from_settings(settings)
     return ServiceBusConsumer(
-        Namespace.from_settings(settings.broker_url, adapter),
-        session_entities=adapter.session_entities,
+        config.namespace,
+        session_entities=config.adapter.session_entities,
         settle_timeout=settings.settle_timeout,
-        receive_wait=adapter.receive_wait,
+        receive_wait=config.adapter.receive_wait,
     )
 
 
@@ -145,11 +146,11 @@ def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
+    config = ServiceBusConfig.from_settings(settings)
     return ServiceBusPublisher(
-        Namespace.from_settings(settings.broker_url, adapter),
+        config.namespace,
         confirm_timeout=settings.settle_timeout,
-        batch_max_messages=adapter.publish_batch_max_messages,
+        batch_max_messages=config.adapter.publish_batch_max_messages,
     )
 
 
@@ -162,10 +163,8 @@ def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
-    return ServiceBusDeadLetters(
-        Namespace.from_settings(settings.broker_url, adapter), receive_wait=adapter.receive_wait,
-    )
+    config = ServiceBusConfig.from_settings(settings)
+    return ServiceBusDeadLetters(config.namespace, receive_wait=config.adapter.receive_wait)
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module

@@ -70,17 +70,8 @@ from adapters.servicebus.envelope import (
 from adapters.servicebus.errors import LOCK_LOST, dead_letter_error, describe, is_refusal
 from adapters.servicebus.limits import TooLarge, check_fits_alone
 from adapters.servicebus.topology import Entity, sender_for
-from consumer_kit.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    DeadLetter,
-    DeadLetterQueues,
-    Redrive,
-    RedriveAsked,
-    RedriveProgress,
-    RedriveReport,
-    RemoveFailed,
-)
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -152,11 +143,8 @@ class ServiceBusDeadLetters(DeadLetterQueues):
         entity = _entity(queue)
         return [dead_letter_of(message, queue) async for page in self._browse(entity, limit) for message in page]
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
-        """Move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
+        """:meth:`redrive`: move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
         by one peek pass, then copy and complete each (module docstring). ``failed`` counts copies
         Service Bus refused or that do not fit the queue's size limit, and chosen messages that
         were never received; they stay in the dead-letter queue (unless removed meanwhile).
@@ -176,7 +164,6 @@ class ServiceBusDeadLetters(DeadLetterQueues):
                 "`consumer-kit dlq list`; resubmit to the topic yourself if every subscription may "
                 "get them again"
             )
-        asked = RedriveAsked(select, dry_run, progress)
         chosen: set[int] = set()
         choosing = _Redrive(asked, entity, call_timeout=self._call_timeout,
                             fail=lambda what, exc: self._error(entity, what, exc))

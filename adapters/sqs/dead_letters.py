@@ -46,7 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,19 +68,8 @@ from adapters.sqs.envelope import (
 from adapters.sqs.errors import describe, is_unreachable
 from adapters.sqs.limits import fit
 from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
-from consumer_kit.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    DeadLetter,
-    DeadLetterQueues,
-    Redrive,
-    RedriveAsked,
-    RedriveProgress,
-    RedriveReport,
-    RemoveFailed,
-    header_count,
-    header_text,
-)
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -148,14 +137,11 @@ class SQSDeadLetters(DeadLetterQueues):
             await self._make_visible(dlq, run)
         return sorted(found, key=_time_of)
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
         work, dlq = await self._queues(queue)
         started_ms = int(time.time() * 1000)
         run = _Pass()
-        redrive = _Redrive(RedriveAsked(select, dry_run, progress), self.client, work, dlq)
+        redrive = _Redrive(asked, self.client, work, dlq)
         try:
             while (batch := await self._receive(dlq, run, 10)) is not None:
                 for raw in batch:
