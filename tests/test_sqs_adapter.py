@@ -31,8 +31,9 @@ from adapters.sqs import (
     headers_of,
     sqs_queue_name,
 )
-from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE, size_of
+from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE
 from adapters.sqs.errors import describe, entry_publish_error
+from adapters.sqs.limits import size_of
 from adapters.sqs.redelivery import GiveBacks
 from adapters.sqs.topology import QueueInfo
 from consumer_kit import OutboxWriter, Settings
