@@ -57,7 +57,7 @@ class InvalidMessage(ConsumerKitError):
 
 
 class SimulatedCrash(BaseException):
-    """Raised by an armed crash point (see :mod:`consumer_kit.crashpoints`).
+    """Raised by an armed crash point (see :mod:`consumer_kit.pipeline.crashpoints`).
 
     A ``BaseException`` so that handler code catching ``Exception`` cannot swallow it. The runtime
     treats it like process death: the delivery is left unsettled and the broker redelivers it.

@@ -1,4 +1,4 @@
-"""One idempotent request, step by step: the HTTP twin of :mod:`consumer_kit.runtime`.
+"""One idempotent request, step by step: the HTTP twin of :mod:`consumer_kit.pipeline.runtime`.
 
 ``RequestPipeline.respond`` is the whole protocol of draft-ietf-httpapi-idempotency-key-header-07
 ("the draft") and reads as the numbered steps:
@@ -48,11 +48,9 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from consumer_kit import crashpoints
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit import ledger as ledger_states
 from consumer_kit.database import bounded
 from consumer_kit.errors import PermanentFailure
-from consumer_kit.faults import FaultKind, StatementTimeout, classify
 from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
 from consumer_kit.http.operation import Operation, serving, stop_serving
@@ -81,13 +79,10 @@ from consumer_kit.http.stored import (
 )
 from consumer_kit.ledger import Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
-from consumer_kit.model import operation_row as ledger_states
-from consumer_kit.model.fence import Fence
-from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.model.operation_row import OperationRow
-from consumer_kit.settings import Settings
-from consumer_kit.telemetry import describe_error
-from consumer_kit.transaction import (
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.pipeline.transaction import (
     CommitUncertain,
     HandlerTimeout,
     StaleConnection,
@@ -100,6 +95,8 @@ from consumer_kit.transaction import (
     rollback,
     within_handler_timeout,
 )
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import describe_error
 
 logger = logging.getLogger("consumer_kit.http")
 

@@ -17,7 +17,7 @@
    retained ``failed`` row in a transaction of its own);
 7. COMMIT (with the session reset), then settle. A COMMIT whose reply is lost or late is
    *uncertain*: never acked; the redelivery reads the truth from the ledger.
-8. Every other failure is classified (:mod:`consumer_kit.faults`): a *message* fault dead-letters
+8. Every other failure is classified (:mod:`consumer_kit.pipeline.faults`): a *message* fault dead-letters
    at once; a *handler* fault retries with backoff and counts toward ``max_deliveries`` (counted
    in the ledger's ``attempts``); *contention* retries with jitter under its own bound; an
    *environment* fault gives the delivery back uncounted and tells the worker to pause.
@@ -44,15 +44,11 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
-from consumer_kit import crashpoints
-from consumer_kit.admission import Admission, GiveBack
+from consumer_kit import ledger as ledger_states
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
-from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded, open_pool
-from consumer_kit.decision import Decision
-from consumer_kit.decoding import DecodedDelivery as Decoded
-from consumer_kit.decoding import decode
+from consumer_kit.decoding import Decoded, decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
     DeadLetterReason,
@@ -60,30 +56,18 @@ from consumer_kit.errors import (
     PermanentFailure,
     SimulatedCrash,
 )
-from consumer_kit.faults import FaultKind, StatementTimeout, classify
 from consumer_kit.handler import Context
-from consumer_kit.identity import UnsupportedNumber
-from consumer_kit.lanes import Lanes
-from consumer_kit.leased import LeasedPath
-from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger
-from consumer_kit.model import operation_row as ledger_states
-from consumer_kit.model.fence import Fence
-from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.model.operation_row import OperationRow
-from consumer_kit.model.outcomes import DeliveryReport, Outcome
-from consumer_kit.model.results import StoredResult
-from consumer_kit.settings import Settings
-from consumer_kit.telemetry import (
-    Counters,
-    delivery_span,
-    describe_error,
-    describe_traceback,
-    messaging_system,
-    note_events,
-    record,
-    step,
-)
-from consumer_kit.transaction import (
+from consumer_kit.identity import OperationIdentity, UnsupportedNumber
+from consumer_kit.ledger import AttemptBook, AttemptCounts, Fence, Ledger, OperationRow
+from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.admission import Admission, GiveBack
+from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.decision import Decision
+from consumer_kit.pipeline.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.pipeline.lanes import Lanes
+from consumer_kit.pipeline.leased import LeasedPath
+from consumer_kit.pipeline.transaction import (
     CommitUncertain,
     StaleConnection,
     TransactionEnded,
@@ -96,10 +80,21 @@ from consumer_kit.transaction import (
     stored_result,
     within_handler_timeout,
 )
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import (
+    Counters,
+    delivery_span,
+    describe_error,
+    describe_traceback,
+    messaging_system,
+    note_events,
+    record,
+    step,
+)
 
 __all__ = ["Runtime", "default_worker_id", "open_pool"]
 
-logger = logging.getLogger("consumer_kit.runtime")
+logger = logging.getLogger("consumer_kit.pipeline.runtime")
 
 T = TypeVar("T")
 
