@@ -37,7 +37,7 @@ from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.outcomes import DeliveryReport
 from consumer_kit.pipeline.admission import Admission
-from consumer_kit.pipeline.runtime import Runtime
+from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
 from consumer_kit.settings import Settings, redact_url
 from consumer_kit.telemetry.gauges import watch_paused
 from consumer_kit.telemetry.metrics import record_pause
@@ -114,11 +114,11 @@ class Worker:
         )
         try:
             await self._prepare_schema(pool)
-            self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission)
-            self.runtime.on_environment_fault = self._on_environment_fault
-            self.runtime.before_release = self._until_consumer_stopped
-            if self._on_report is not None:
-                self.runtime.observers.append(self._on_report)
+            hooks = RuntimeHooks(
+                on_environment_fault=self._on_environment_fault, before_release=self._until_consumer_stopped,
+                observers=() if self._on_report is None else (self._on_report,),
+            )
+            self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission, hooks=hooks)
             consumer = self._consumer = self._consumer or open_consumer(self.settings)
             background: list[asyncio.Task[None]] = []
             try:
