@@ -104,7 +104,7 @@ async def test_handler_errors_are_logged_by_object_never_by_value(
     ) as rt:
         broker = MemoryBroker()
         broker.send(QUEUE, command(customer_id="secret-customer-77"))
-        with caplog.at_level("WARNING", logger="consumer_kit.pipeline.runtime"):
+        with caplog.at_level("WARNING", logger="consumer_kit.runtime"):
             (report,) = await run_all(broker, rt)
     assert report.outcome is Outcome.DEAD_LETTERED
     (dead,) = broker.dead_letters(QUEUE)

@@ -3,7 +3,7 @@
 **What a log line may hold** is said in :mod:`consumer_kit.telemetry.loggable`: ids, outcomes,
 reasons, counts and times; never a payload, a result body or a header's value outside its list.
 
-**The delivery line** (logger ``consumer_kit.pipeline.runtime``; DEBUG for ``executed`` and ``duplicate``,
+**The delivery line** (logger ``consumer_kit.runtime``; DEBUG for ``executed`` and ``duplicate``,
 WARNING for outcomes that need a look, INFO for the rest): as text,
 ``delivery outcome=... settlement=... queue=... message_id=... ...``; as JSON
 (``--log-format json``), one object with the fields of :data:`DELIVERY_FIELDS`.
@@ -37,7 +37,7 @@ _QUIET = {"executed", "duplicate"}
 _LOUD = {"payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed", "lease_recovered",
          "crashed_worker", "lease_lost", "key_expired"}
 
-logger = logging.getLogger("consumer_kit.pipeline.runtime")
+logger = logging.getLogger("consumer_kit.runtime")
 
 
 def level_of(outcome: str) -> int:
