@@ -26,7 +26,7 @@ from consumer_kit.http.problems import (
     problem_response,
 )
 from consumer_kit.http.stored import REPLAYED_HEADER, StoredResponse
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline.operation import IntentUnder
 
@@ -66,7 +66,7 @@ def request_intent(intent: RequestIntent, parts: RequestParts) -> IntentUnder:
 
 def answer(verdict: Verdict, identity: OperationIdentity, policy: IdempotencyPolicy) -> Response:
     """The response for the state machine's ``verdict`` on an existing row."""
-    digest, kind, row = key_digest(identity.key), verdict.kind, verdict.row
+    digest, kind = key_digest(identity.key), verdict.kind
     if kind is VerdictKind.CONFLICT:
         logger.info("key reused scope=%s key_digest=%s: 422", identity.scope, digest)
         return problem_response(
@@ -75,6 +75,7 @@ def answer(verdict: Verdict, identity: OperationIdentity, policy: IdempotencyPol
             "across different payloads of this operation",
         )
     if kind in (VerdictKind.DUPLICATE, VerdictKind.REPLAYED_FAILURE):
+        row = verdict.deciding_row
         stored = StoredResponse.decoded(row.result_body)
         logger.debug("replay scope=%s key_digest=%s state=%s", identity.scope, digest, row.state)
         if stored is None:

@@ -79,8 +79,8 @@ from consumer_kit.http.stored import (
     ResponseNotStorable,
     StoredResponse,
 )
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import Fence
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+
+from consumer_kit.model.operation_row import OperationRow
+from consumer_kit.model.results import StoredResult
 
 
 class VerdictKind(enum.StrEnum):
@@ -37,24 +39,34 @@ class Verdict:
         why: a short machine-readable reason (``in_progress``: ``"lease_held"``,
             ``"claim_lock_timeout"``, ``"row_vanished"``...).
         detail: a human-readable explanation (logged, carried by a dead letter or a problem).
-        row: the ledger row that decided (a ``consumer_kit.ledger.OperationRow``: typed loosely so
-            that this floor imports nothing above it); ``None`` when no row decided.
-        result: what this caller's attempt returned or recorded (``executed``, ``failed``): a
-            ``consumer_kit.outcomes.StoredResult``, typed loosely for the same reason.
+        row: the ledger row that decided; ``None`` when no row decided.
+        result: what this caller's attempt returned or recorded (``executed``, ``failed``).
     """
 
     kind: VerdictKind
     why: str = ""
     detail: str = ""
-    row: Any = None
-    result: Any = None
+    row: OperationRow | None = None
+    result: StoredResult | None = None
+
+    @property
+    def deciding_row(self) -> OperationRow:
+        """The ledger row that decided (always there for ``duplicate``, ``replayed_failure``,
+        ``conflict`` and ``lease_recoverable``).
+
+        Raises:
+            LookupError: this verdict carries no row.
+        """
+        if self.row is None:
+            raise LookupError(f"a {self.kind.value} verdict ({self.why or 'no reason'}) carries no ledger row")
+        return self.row
 
     @classmethod
-    def in_progress(cls, why: str, row: Any = None) -> Verdict:
+    def in_progress(cls, why: str, row: OperationRow | None = None) -> Verdict:
         """Another claimer holds the operation (``why`` names how this was seen)."""
         return cls(VerdictKind.IN_PROGRESS, why=why, row=row)
 
     @classmethod
-    def needs_reconciliation(cls, why: str, detail: str, row: Any = None) -> Verdict:
+    def needs_reconciliation(cls, why: str, detail: str, row: OperationRow | None = None) -> Verdict:
         """The outcome cannot be decided here: never run, never replayed; an operator decides."""
         return cls(VerdictKind.NEEDS_RECONCILIATION, why=why, detail=detail, row=row)

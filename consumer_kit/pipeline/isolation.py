@@ -23,12 +23,12 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery, Settlement
-from consumer_kit.decoding import Decoded
+from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import DeadLetterReason, SimulatedCrash
-from consumer_kit.identity import OperationIdentity
 from consumer_kit.ledger import AttemptBook, AttemptCounts
-from consumer_kit.outcomes import Outcome
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.outcomes import Outcome
 from consumer_kit.pipeline.admission import Admission, GiveBack
 from consumer_kit.pipeline.decision import Decision
 from consumer_kit.pipeline.faults import FaultKind, classify

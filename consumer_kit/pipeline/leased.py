@@ -37,15 +37,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
 from consumer_kit.database import bounded
-from consumer_kit.decoding import Decoded
+from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.effects import Evidence, Reconciled
 from consumer_kit.effects import Verdict as Reconciliation
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import LeaseLost, PermanentFailure, SimulatedCrash
-from consumer_kit.handler import Context, Result
-from consumer_kit.ledger import EvidenceBook, Fence
+from consumer_kit.handler import Context
+from consumer_kit.ledger import EvidenceBook
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.outcomes import StoredResult
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.operation import Operations
@@ -107,7 +108,7 @@ class LeasedPath:
         elif claim.kind is not VerdictKind.LEASE_RECOVERABLE:
             return claim
         else:
-            row = claim.row
+            row = claim.deciding_row
             leased_from, taken = await self._timed_statement(
                 lambda conn: self.operations.take_over(conn, identity, row), "the lease take-over"
             )

@@ -34,14 +34,17 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from consumer_kit import ledger as states
 from consumer_kit.database import bounded
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import Claim, Fence, Ledger, OperationRow, Retention
+from consumer_kit.ledger import Claim, Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
+from consumer_kit.model import operation_row as states
+from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import OperationRow
+from consumer_kit.model.results import StoredResult
+from consumer_kit.model.retention import Retention
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.outbox import PendingEvent
-from consumer_kit.outcomes import StoredResult
 from consumer_kit.pipeline.transaction import TransactionEnded, begin_and_claim
 from consumer_kit.settings import Settings
 

@@ -38,12 +38,13 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.database import open_pool
-from consumer_kit.decoding import Decoded, decode
+from consumer_kit.decoding import DecodedDelivery as Decoded
+from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage, SimulatedCrash
 from consumer_kit.ledger import AttemptBook, AttemptCounts
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.outcomes import DeliveryReport, Outcome
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.crashpoints import CrashPoint
@@ -201,7 +202,7 @@ class Runtime:
         if verdict.kind is VerdictKind.UNCERTAIN:
             self._environment_fault(f"COMMIT outcome unknown ({verdict.detail})")
         elif verdict.why == "projection_unknown":
-            row = verdict.row
+            row = verdict.deciding_row
             logger.warning(
                 "operation scope=%s operation_key=%s was recorded under projection v%s, which its handler "
                 "no longer declares: parked for reconciliation", row.scope, row.key, row.projection_version,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.outcomes import Outcome
 from consumer_kit.pipeline.decision import Decision
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision
 from consumer_kit.pipeline.faults import FaultKind
@@ -51,7 +51,7 @@ def decision_for(verdict: Verdict, in_progress_delay: float) -> Decision:
         delay = in_progress_delay
     result = verdict.result
     if verdict.kind in (VerdictKind.DUPLICATE, VerdictKind.REPLAYED_FAILURE):
-        result = verdict.row.stored_result
+        result = verdict.deciding_row.stored_result
     return Decision(
         outcome, how, delay=delay, reason=reason or why, detail=verdict.detail, result=result
     )

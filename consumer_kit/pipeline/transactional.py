@@ -18,12 +18,12 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
-from consumer_kit.decoding import Decoded
+from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import PermanentFailure
 from consumer_kit.handler import Context
 from consumer_kit.identity import UnsupportedNumber
-from consumer_kit.ledger import Fence
+from consumer_kit.model.fence import Fence
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
@@ -151,7 +151,7 @@ class TransactionalPath:
             return await self.operations.park(
                 conn, identity, message_id=envelope.message_id, error_class="LeaseExpired", why="lease_expired",
                 detail=f"operation {identity.scope}/{identity.key} is processing under an expired "
-                f"lease of {claim.row.lease_owner} and {type(handler).__name__} has no "
+                f"lease of {claim.deciding_row.lease_owner} and {type(handler).__name__} has no "
                 "external_effects to reconcile it: resolve it with `consumer-kit ledger`",
             )
         assert claim.xid is not None  # the claim inserted: the transaction has an id

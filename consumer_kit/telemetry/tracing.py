@@ -56,9 +56,9 @@ from consumer_kit.telemetry.loggable import evidence_ids
 
 if TYPE_CHECKING:
     from consumer_kit.broker import Delivery
-    from consumer_kit.decoding import Decoded
     from consumer_kit.envelope import Envelope
-    from consumer_kit.outbox import PendingEvent
+    from consumer_kit.model.decoded import Decoded, NamedOperation
+    from consumer_kit.model.events import PendingEvent
     from consumer_kit.pipeline.decision import Decision
 
 tracer = trace.get_tracer("consumer_kit")

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from consumer_kit.pipeline.crashpoints import CrashPoint
-    from consumer_kit.testing.harness import TERMINAL_OUTCOMES, Harness, Sent
+    from consumer_kit.testing.harness import Harness
+    from consumer_kit.testing.messages import Sent
+    from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 
 __all__ = ["TERMINAL_OUTCOMES", "CrashPoint", "Harness", "Sent"]
 

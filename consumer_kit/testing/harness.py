@@ -31,12 +31,12 @@ from psycopg import sql
 from pydantic import BaseModel
 
 from consumer_kit.app import App
-from consumer_kit.broker import Delivery, Settlement
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, TENANT_HEADER
+from consumer_kit.broker import Delivery
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.handler import Handler
-from consumer_kit.ledger import COMPLETED, FAILED, migrate
-from consumer_kit.outcomes import DeliveryReport, Outcome
+from consumer_kit.ledger import migrate
+from consumer_kit.model.operation_row import COMPLETED, FAILED
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.settings import Settings
