@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from consumer_kit import Settings
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import COMPLETED, FAILED, NEEDS_RECONCILIATION, PROCESSING, OperationRow
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import COMPLETED, FAILED, NEEDS_RECONCILIATION, PROCESSING, OperationRow
 from consumer_kit.model.verdict import VerdictKind
 from consumer_kit.pipeline.operation import Operations
 
