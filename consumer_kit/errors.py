@@ -81,3 +81,9 @@ class DeadLetterReason(enum.StrEnum):
     CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times while it ran alone
     KEY_EXPIRED = "key_expired"  # older than its key retention, and its identity is gone
     NEEDS_RECONCILIATION = "needs_reconciliation"
+
+
+class StatementTimeout(Exception):
+    """A statement of consumer-kit's own (claim, completion, COMMIT, attempt bookkeeping) did not
+    answer within ``statement_timeout`` seconds: the database or the network is at fault. Its
+    connection is discarded."""

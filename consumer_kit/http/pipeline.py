@@ -56,7 +56,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from consumer_kit.errors import PermanentFailure
+from consumer_kit.errors import PermanentFailure, StatementTimeout
 from consumer_kit.http.answers import answer, key_digest, reconciling, request_intent
 from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
@@ -84,7 +84,7 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
-from consumer_kit.pipeline.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
     CommitUncertain,

@@ -43,12 +43,12 @@ from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage, SimulatedCrash
 from consumer_kit.ledger import AttemptBook, AttemptCounts
+from consumer_kit.model.decision import Decision
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.crashpoints import CrashPoint
-from consumer_kit.pipeline.decision import Decision
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision, FaultLimits, fault_decision
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.isolation import Isolation

@@ -1,5 +1,5 @@
 """How a delivery is settled: the runtime's one table from verdicts and fault decisions to a
-:class:`~consumer_kit.pipeline.decision.Decision` (an outcome and a settlement), and the settling.
+:class:`~consumer_kit.model.decision.Decision` (an outcome and a settlement), and the settling.
 
 The rules themselves live elsewhere: what a ledger row means in
 :mod:`consumer_kit.pipeline.operation`, what a fault costs in :mod:`consumer_kit.pipeline.fault_policy`;
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.model.decision import Decision
 from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.pipeline.decision import Decision
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision
 from consumer_kit.pipeline.faults import FaultKind
 

@@ -19,9 +19,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import prepared
 from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
-from consumer_kit.errors import RetryableError
+from consumer_kit.errors import RetryableError, StatementTimeout
 from consumer_kit.model.results import Result, StoredResult
-from consumer_kit.pipeline.faults import StatementTimeout
 
 T = TypeVar("T")
 

@@ -20,14 +20,13 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit.broker import Delivery
 from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.envelope import Envelope
-from consumer_kit.errors import PermanentFailure
+from consumer_kit.errors import PermanentFailure, StatementTimeout
 from consumer_kit.handler import Context
 from consumer_kit.identity import UnsupportedNumber
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
-from consumer_kit.pipeline.faults import StatementTimeout
 from consumer_kit.pipeline.operation import IntentUnder, Operations
 from consumer_kit.pipeline.transaction import (
     CommitUncertain,

@@ -7,9 +7,9 @@ Made from a verdict of the operation state machine or from a fault decision by t
 
 from __future__ import annotations
 
-from consumer_kit.broker import Settlement
 from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.results import StoredResult
+from consumer_kit.model.settlement import Settlement
 
 
 class Decision:
