@@ -16,7 +16,6 @@ unreachable or refusing at start-up, unknown destination, schema not migrated).
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import uuid
 from pathlib import Path
@@ -32,10 +31,12 @@ from consumer_kit.cli.console import (
     LogLevel,
     MetricsPort,
     Otel,
+    plain,
     read_settings,
     require_database,
     require_shared_broker,
     setup_logging,
+    to_json,
     user_errors,
 )
 from consumer_kit.embedded import database_url
@@ -182,7 +183,7 @@ def status(
     with user_errors(settings):
         counts, parked = asyncio.run(read())
     if as_json:
-        typer.echo(json.dumps({
+        typer.echo(to_json({
             **counts.__dict__,
             "parked_rows": [
                 {"event_id": str(p.event_id), "destination": p.destination,
@@ -190,7 +191,7 @@ def status(
                  "last_error": p.last_error}
                 for p in parked
             ],
-        }))
+        }, indent=None))
         return
     age = "-" if counts.oldest_pending_age is None else f"{counts.oldest_pending_age:.1f} s"
     typer.echo(f"schema                  {settings.db_schema}")
@@ -202,10 +203,10 @@ def status(
     typer.echo(f"published last minute   {counts.published_last_minute}")
     typer.echo(f"published (retained)    {counts.published_total}")
     for p in parked:
-        typer.echo(
+        typer.echo(plain(  # destination, key and error text come from producers and brokers
             f"  parked event_id={p.event_id} destination={p.destination} "
             f"key={p.partition_key} attempts={p.attempts} last_error={p.last_error}"
-        )
+        ))
 
 
 @app.command()

@@ -1,20 +1,31 @@
 """What the command-line programs (``consumer-kit``, ``outbox-relay``) share: logging set-up,
-reading settings, and one-line errors for the mistakes users make (a setting out of range, wrong
+reading settings, one-line errors for the mistakes users make (a setting out of range, wrong
 URL, schema not migrated, in-process broker across processes, no database named) instead of
-tracebacks."""
+tracebacks, and operator output that prints producer text as text.
+
+Keys, message ids, reasons, details, bodies and headers are written by whoever could publish to a
+queue. Every command prints them through :func:`plain` (control and bidi characters escaped) into
+rich :class:`~rich.text.Text` cells (never read as markup), :func:`print_records` (a table, or one
+block per record where the terminal is too narrow for the table) and :func:`to_json` (every
+non-ASCII character escaped)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import sys
-from collections.abc import Iterator
-from typing import Annotated, NoReturn, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import psycopg
 import typer
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.redaction import redact_url
@@ -170,10 +181,106 @@ def require_shared_broker(settings: Settings, program: str) -> None:
 
 
 def fail(message: str) -> NoReturn:
-    """Print ``error: <line>`` on stderr for each line of ``message`` and exit with code 2."""
+    """Print ``error: <line>`` on stderr for each line of ``message`` (each :func:`plain`: it may
+    quote a key or a queue) and exit with code 2."""
     for line in message.splitlines() or [""]:
-        typer.echo(f"error: {line}", err=True)
+        typer.echo(f"error: {plain(line)}", err=True)
     raise typer.Exit(EXIT_USAGE)
+
+
+# -- operator output: producer text printed as text ----------------------------------------------
+
+_BIDI_CONTROLS = frozenset(
+    chr(code) for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+)
+"""Characters that reorder or hide the text around them on a terminal (Unicode bidi embeddings,
+overrides, isolates and marks), escaped like control characters."""
+
+_LINE_SEPARATORS = frozenset("\u2028\u2029")
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if char == "\\":
+        return "\\\\"
+    if code < 0x20 or 0x7F <= code < 0xA0:  # C0, DEL, C1 (ESC, CSI, OSC...)
+        return f"\\x{code:02x}"
+    if char in _BIDI_CONTROLS or char in _LINE_SEPARATORS:
+        return f"\\u{code:04x}"
+    return char
+
+
+def plain(value: object) -> str:
+    """``value`` as one line of text a terminal shows as it is: control characters (C0, DEL, C1:
+    ESC, CSI, ...), bidi controls (U+202A-U+202E, U+2066-U+2069, U+200E/F, U+061C) and line
+    separators written as ``\\x1b`` / ``\\u202e`` escapes, and a backslash doubled, so that the
+    text reads one way only (``None`` is ``""``)."""
+    text = "" if value is None else str(value)
+    if text.isprintable() and "\\" not in text:  # bidi controls and separators are not printable
+        return text  # the common case: nothing to escape
+    return "".join(_escaped(char) for char in text)
+
+
+def cell(value: object) -> Text:
+    """``value`` as a rich cell: :func:`plain`, never read as markup (``[link=...]``, ``[/]``)."""
+    return Text(plain(value))
+
+
+def output(*, stderr: bool = False) -> Console:
+    """A console that interprets nothing in the strings it is given (no markup, emoji codes or
+    highlighting); its width follows the terminal (or ``COLUMNS``)."""
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+
+
+def to_json(value: Any, *, indent: int | None = 2) -> str:
+    """``value`` as JSON (``indent`` ``None``: on one line) with every non-ASCII character escaped (``\\u001b``, ``\\u202e``):
+    JSON escapes control characters itself, and ASCII-only output cannot reorder a terminal line.
+    Dates and other values are written with ``str``."""
+    return json.dumps(value, indent=indent, ensure_ascii=True, default=str)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A column of :func:`print_records`: its title, the width below which its cells stop being
+    readable (characters), and its alignment."""
+
+    title: str
+    min_width: int = 10
+    justify: Literal["left", "right"] = "left"
+
+
+def print_records(
+    title: str, fields: Sequence[Field], rows: Sequence[Sequence[object]], console: Console | None = None,
+) -> None:
+    """``rows`` (one value per field, each printed :func:`plain`) as one table when the terminal
+    gives every column its ``min_width``; else one block of ``field  value`` lines per record, so
+    that a narrow terminal (80 columns) folds long values in a wide column instead of squeezing
+    every column to a few characters. Long values fold, never cut with an ellipsis."""
+    console = console or output()
+    # a column is never narrower than its title's longest word (rich does not break those)
+    widths = [max(f.min_width, *(len(word) for word in f.title.split())) for f in fields]
+    if console.width >= sum(widths) + 3 * len(fields) + 1:  # cell padding and borders
+        table = Table(title=cell(title))
+        for f, width in zip(fields, widths, strict=True):
+            table.add_column(cell(f.title), justify=f.justify, overflow="fold", min_width=width)
+        for row in rows:
+            table.add_row(*(cell(value) for value in row))
+        console.print(table)
+        return
+    console.print(cell(title))
+    for number, row in enumerate(rows, 1):
+        print_fields(f"{number}/{len(rows)}", [(f.title, value) for f, value in zip(fields, row, strict=True)], console)
+
+
+def print_fields(title: str, pairs: Sequence[tuple[str, object]], console: Console | None = None) -> None:
+    """One record as a two-column table of ``name  value`` lines (values :func:`plain`, folded)."""
+    console = console or output()
+    table = Table(title=cell(title), show_header=False)
+    table.add_column("field", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for name, value in pairs:
+        table.add_row(cell(name), cell(value))
+    console.print(table)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -27,13 +26,22 @@ from typing import Annotated, Any, TypeVar
 
 import psycopg
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
-from consumer_kit.cli.console import fail, read_settings, require_shared_broker, user_errors
+from consumer_kit.cli.console import (
+    Field,
+    fail,
+    output,
+    plain,
+    print_records,
+    read_settings,
+    require_shared_broker,
+    to_json,
+    user_errors,
+)
 from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage
@@ -78,20 +86,17 @@ def list_dead_letters(
 
     rows = _with_dead_letters(settings, read)
     if as_json:
-        typer.echo(json.dumps([_json(row, show_body) for row in rows], indent=2))
+        typer.echo(to_json([_json(row, show_body) for row in rows]))
         return
-    table = Table(title=f"dead letters of {queue} ({len(rows)}{'+' if len(rows) == limit else ''})")
-    for column in ("message id", "operation key", "reason", "detail", "deliveries", "first failure",
-                   "last failure", *(["body"] if show_body else [])):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        letter = row.letter
-        table.add_row(
-            letter.message_id or "-", row.operation_key or "-", letter.reason, letter.detail[:120],
-            str(letter.delivery_count), _time(row.first_failure), _time(row.last_failure),
-            *([letter.body.decode("utf-8", "replace")] if show_body else []),
-        )
-    Console().print(table)
+    fields = [Field("message id", 16), Field("operation key", 16), Field("reason", 16), Field("detail", 20),
+              Field("deliveries", 10, "right"), Field("first failure", 10), Field("last failure", 10)]
+    print_records(
+        f"dead letters of {queue} ({len(rows)}{'+' if len(rows) == limit else ''})",
+        fields + ([Field("body", 24)] if show_body else []),
+        [(row.letter.message_id or "-", row.operation_key or "-", row.letter.reason, row.letter.detail[:120],
+          row.letter.delivery_count, _time(row.first_failure), _time(row.last_failure),
+          *([row.letter.body.decode("utf-8", "replace")] if show_body else [])) for row in rows],
+    )
 
 
 @dlq_cli.command()
@@ -127,16 +132,17 @@ def redrive(
         total = await dead.count(queue)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=Console(stderr=True), disable=not sys.stderr.isatty() and "CONSUMER_KIT_PROGRESS" not in os.environ,
+            console=output(stderr=True), disable=not sys.stderr.isatty() and "CONSUMER_KIT_PROGRESS" not in os.environ,
         ) as progress:
-            task = progress.add_task(f"{'checking' if dry_run else 'redriving'} {queue}", total=total)
+            # a description is read as markup: the queue's name goes in escaped
+            task = progress.add_task(escape(f"{'checking' if dry_run else 'redriving'} {plain(queue)}"), total=total)
             return await dead.redrive(
                 queue, select, dry_run=dry_run, progress=lambda _letter, _moved: progress.advance(task),
             )
 
     report = _with_dead_letters(settings, move)
     verb = "would redrive" if dry_run else "redrove"
-    typer.echo(f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed} (queue {queue})")
+    typer.echo(plain(f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed} (queue {queue})"))
     if keyless:
         typer.echo(
             f"note: {keyless} dead letter(s) carry no operation-id header, so --key cannot match them: "

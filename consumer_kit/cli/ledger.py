@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import datetime as dt
 import getpass
-import json
 import re
 import socket
 from collections.abc import Awaitable, Callable
@@ -22,10 +21,20 @@ from typing import Annotated, Any, TypeVar
 
 import psycopg
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from consumer_kit.cli.console import Embedded, fail, read_settings, require_database, user_errors
+from consumer_kit.cli.console import (
+    Embedded,
+    Field,
+    fail,
+    output,
+    plain,
+    print_fields,
+    print_records,
+    read_settings,
+    require_database,
+    to_json,
+    user_errors,
+)
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger.inspect import STATES, LedgerInspector, OperationDetail, OperationSummary
 from consumer_kit.settings import EMBEDDED, DatabaseSettings
@@ -75,19 +84,17 @@ def list_operations(
     inspector = LedgerInspector(settings.db_schema)
     rows = _run(settings, lambda conn: inspector.list(conn, state, older_than=seconds, limit=limit))
     if as_json:
-        typer.echo(json.dumps([_jsonable(dataclasses.asdict(r)) for r in rows], indent=2))
+        typer.echo(to_json([_jsonable(dataclasses.asdict(r)) for r in rows]))
         return
-    table = Table(title=f"{state} operations in {settings.db_schema} ({len(rows)})")
-    for column in ("scope", "key", "attempts", "updated", "lease", "reason"):
-        # scope and key are whole (folded, never cut with ...): they are what `ledger show` takes
-        table.add_column(column, overflow="fold" if column in ("scope", "key") else "ellipsis")
     now = dt.datetime.now(dt.UTC)
-    for row in rows:
-        table.add_row(
-            row.scope, row.key, str(row.attempts), f"{_age(now, row.updated_at)} ago",
-            _lease(row, now), (row.error_class or "") + (f": {row.error_detail}" if row.error_detail else ""),
-        )
-    Console().print(table)
+    # scope and key are whole (folded, never cut with ...): they are what `ledger show` takes
+    print_records(
+        f"{state} operations in {settings.db_schema} ({len(rows)})",
+        (Field("scope", 16), Field("key", 16), Field("attempts", 8, "right"), Field("updated", 8),
+         Field("lease", 12), Field("reason", 20)),
+        [(row.scope, row.key, row.attempts, f"{_age(now, row.updated_at)} ago", _lease(row, now),
+          (row.error_class or "") + (f": {row.error_detail}" if row.error_detail else "")) for row in rows],
+    )
 
 
 @ledger_cli.command()
@@ -110,7 +117,7 @@ def show(
         )
         fail(f"no operation {scope} {key} in schema {settings.db_schema}{hint}")
     if as_json:
-        typer.echo(json.dumps(_jsonable(dataclasses.asdict(detail)), indent=2))
+        typer.echo(to_json(_jsonable(dataclasses.asdict(detail))))
         return
     _print_detail(detail, bodies)
 
@@ -144,7 +151,7 @@ def resolve(
             f"{scope} {key} is not parked (needs_reconciliation) nor stuck under an expired lease: "
             "see `consumer-kit ledger show`"
         )
-    typer.echo(f"{scope} {key}: {state} (resolved by {who})")
+    typer.echo(plain(f"{scope} {key}: {state} (resolved by {who})"))
 
 
 def _settings(schema: str | None, embedded: bool) -> DatabaseSettings:
@@ -168,11 +175,9 @@ def _run(settings: DatabaseSettings, query: Callable[[psycopg.AsyncConnection[An
 
 
 def _print_detail(detail: OperationDetail, bodies: bool) -> None:
-    console = Console()
+    console = output()
     row = detail.summary
-    table = Table(title=f"{row.scope} {row.key}", show_header=False)
-    table.add_column("field")
-    table.add_column("value")
+    fields: list[tuple[str, object]] = []
     for name, value in (
         ("state", row.state), ("attempts", row.attempts), ("lease", _lease(row, dt.datetime.now(dt.UTC))),
         ("result status", row.result_status), ("result reference", detail.result_reference),
@@ -183,27 +188,30 @@ def _print_detail(detail: OperationDetail, bodies: bool) -> None:
         ("resolved", row.resolved_at and f"{row.resolved_at} by {row.resolved_by}: {row.resolution_note}"),
     ):
         if value is not None:
-            table.add_row(name, str(value))
+            fields.append((name, value))
     if bodies:
-        table.add_row("result body", json.dumps(detail.result_body))
-    console.print(table)
+        fields.append(("result body", to_json(detail.result_body, indent=None)))
+    print_fields(f"{row.scope} {row.key}", fields, console)
     if detail.evidence:
-        evidence = Table(title="evidence")
-        for column in ("recorded", "call", "attempt", "worker", "facts"):
-            evidence.add_column(column)
-        for record in detail.evidence:
-            evidence.add_row(str(record.recorded_at), record.name, str(record.attempt), record.worker,
-                             json.dumps(record.facts, default=str))
-        console.print(evidence)
+        print_records(
+            "evidence",
+            (Field("recorded", 19), Field("call", 12), Field("attempt", 7, "right"), Field("worker", 12),
+             Field("facts", 24)),
+            [(record.recorded_at, record.name, record.attempt, record.worker,
+              to_json(record.facts, indent=None)) for record in detail.evidence],
+            console,
+        )
     if detail.attempts is not None:
         attempts = detail.attempts
-        history = Table(title=f"attempts: failures {attempts.failures}, contentions "
-                              f"{attempts.contentions}, crashes {attempts.crashes}")
-        for column in ("at", "kind", "worker", "message id", "detail"):
-            history.add_column(column)
-        for entry in attempts.history:
-            history.add_row(*(str(entry.get(k, "")) for k in ("at", "kind", "worker", "message_id", "detail")))
-        console.print(history)
+        print_records(
+            f"attempts: failures {attempts.failures}, contentions {attempts.contentions}, "
+            f"crashes {attempts.crashes}",
+            (Field("at", 19), Field("kind", 10), Field("worker", 12), Field("message id", 16),
+             Field("detail", 24)),
+            [[entry.get(k, "") for k in ("at", "kind", "worker", "message_id", "detail")]
+             for entry in attempts.history],
+            console,
+        )
 
 
 def _lease(row: OperationSummary, now: dt.datetime) -> str:

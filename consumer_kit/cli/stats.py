@@ -10,14 +10,12 @@ per operation): they are in the metrics (``consumer_kit.duplicates``, ...).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from consumer_kit.cli.console import Embedded, fail
+from consumer_kit.cli.console import Embedded, Field, fail, output, print_records, to_json
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
 from consumer_kit.stats import Stats, StatsReader
 
@@ -48,37 +46,37 @@ def stats(
     reader = StatsReader(settings.db_schema, max_attempts=max_attempts)
     result = _run(settings, lambda conn: reader.read(conn, since=seconds))
     if as_json:
-        typer.echo(json.dumps(_jsonable(dataclasses.asdict(result)), indent=2))
+        typer.echo(to_json(_jsonable(dataclasses.asdict(result))))
         return
     print_stats(result, since)
 
 
 def print_stats(result: Stats, since: str, console: Console | None = None) -> None:
-    """The operations table and the outbox table, as ``consumer-kit stats`` prints them."""
-    console = console or Console()
-    table = Table(title=f"operations in {result.schema}, last {since} (at {result.generated_at:%Y-%m-%d %H:%M:%S %Z})")
-    table.add_column("operation type")
-    for _, title in COLUMNS:
-        table.add_column(title, justify="right")
-    table.add_column("oldest stuck / reconcile", justify="right")
-    for row in result.operations:
-        ages = f"{_age(row.oldest_expired_age)} / {_age(row.oldest_reconciliation_age)}"
-        table.add_row(row.operation_type, *(str(getattr(row, field)) for field, _ in COLUMNS), ages)
-    if not result.operations:
-        table.add_row("(none)", *("0" for _ in COLUMNS), "- / -")
-    console.print(table)
+    """The operations table and the outbox table, as ``consumer-kit stats`` prints them (one block
+    per operation type on a terminal too narrow for the table)."""
+    console = console or output()
+    rows = [
+        (row.operation_type, *(getattr(row, field) for field, _ in COLUMNS),
+         f"{_age(row.oldest_expired_age)} / {_age(row.oldest_reconciliation_age)}")
+        for row in result.operations
+    ] or [("(none)", *(0 for _ in COLUMNS), "- / -")]
+    print_records(
+        f"operations in {result.schema}, last {since} (at {result.generated_at:%Y-%m-%d %H:%M:%S %Z})",
+        (Field("operation type", 16), *(Field(title, 6, "right") for _, title in COLUMNS),
+         Field("oldest stuck / reconcile", 11, "right")),
+        rows, console,
+    )
     outbox = result.outbox
     if outbox is None:
         return
-    lag = Table(title="outbox")
-    for column in ("pending", "oldest pending", "parked", f"published ({since})",
-                   "commit→publish avg", "p50", "p95", "max"):
-        lag.add_column(column, justify="right")
-    lag.add_row(
-        str(outbox.pending), _age(outbox.oldest_pending_age), str(outbox.parked), str(outbox.published),
-        *(_duration(v) for v in (outbox.latency_avg, outbox.latency_p50, outbox.latency_p95, outbox.latency_max)),
+    print_records(
+        "outbox",
+        [Field(title, 7, "right") for title in ("pending", "oldest pending", "parked", f"published ({since})",
+                                                 "commit→publish avg", "p50", "p95", "max")],
+        [(outbox.pending, _age(outbox.oldest_pending_age), outbox.parked, outbox.published,
+          *(_duration(v) for v in (outbox.latency_avg, outbox.latency_p50, outbox.latency_p95, outbox.latency_max)))],
+        console,
     )
-    console.print(lag)
 
 
 def _age(seconds: float | None) -> str:
