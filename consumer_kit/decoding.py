@@ -18,11 +18,12 @@ from consumer_kit.envelope import (
     MESSAGE_TYPE_HEADER,
     OPERATION_CREATED_AT_HEADER,
     OPERATION_ID_HEADER,
+    TENANT_HEADER,
     Envelope,
 )
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from consumer_kit.handler import Handler
-from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, UnsupportedNumber, normalize_key
+from consumer_kit.identity import MAX_TENANT_BYTES, UnsupportedNumber, normalize_key
 from consumer_kit.model.decoded import Decoded
 from consumer_kit.model.identity import OperationIdentity
 
@@ -54,11 +55,10 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> DecodedDeli
         raise InvalidMessage(DeadLetterReason.SCHEMA_MISMATCH, describe_validation(exc)) from None
     key = normalize_key(handler.operation_key(message, envelope), what=_key_source(handler))
     try:
-        tenant = normalize_key(handler.tenant(message, envelope), what="tenant")
+        tenant = normalize_key(handler.tenant(message, envelope), what=_tenant_source(handler),
+                               max_bytes=MAX_TENANT_BYTES)
     except InvalidMessage as exc:  # the tenant comes from a header: report it as one
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
-    if len(tenant) > MAX_SCOPE_PART_LENGTH:
-        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id is too long")
     if "/" in tenant:  # the scope "<tenant>/<operation_type>/v<n>" must read one way only
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id contains '/'")
     try:
@@ -148,3 +148,10 @@ def _key_source(handler: Handler[Any]) -> str:
     if type(handler).operation_key is Handler.operation_key:
         return f"operation key (header {OPERATION_ID_HEADER!r})"
     return f"operation key of {type(handler).__name__}"
+
+
+def _tenant_source(handler: Handler[Any]) -> str:
+    """How to name the tenant in an error: the header it comes from unless the handler says."""
+    if type(handler).tenant is Handler.tenant:
+        return f"tenant (header {TENANT_HEADER!r})"
+    return f"tenant of {type(handler).__name__}"

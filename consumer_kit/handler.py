@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from consumer_kit.effects import Evidence, LeaseHooks, Reconciled
 from consumer_kit.envelope import DEFAULT_TENANT, PARTITION_KEY_HEADER, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
-from consumer_kit.identity import downstream_key, fingerprint_of
+from consumer_kit.identity import check_scope_parts, downstream_key, fingerprint_of
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.results import Result
@@ -243,6 +243,7 @@ class Handler(Generic[M]):
                 f"{type(self).__name__}.operation_type={operation_type!r}: no '/' and no control "
                 "characters (e.g. 'invoice.create')"
             )
+        check_scope_parts(operation_type, type(self).version, owner=type(self).__name__)
         if not hasattr(type(self), "model"):
             raise ConfigurationError(
                 f"{type(self).__name__} must subclass Handler[YourModel] with a pydantic model"

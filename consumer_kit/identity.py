@@ -24,26 +24,57 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumer_kit.errors import DeadLetterReason, InvalidMessage
+from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
 
 MAX_NUMBER_DIGITS = 1000
 """Largest number the fingerprint compares by value: at most this many digits, and a decimal
 exponent within +/- this many places (``Decimal("1E+5000")`` is refused)."""
 
-MAX_KEY_LENGTH = 512  # characters; a longer key is rejected, never truncated (truncation merges keys)
-MAX_SCOPE_PART_LENGTH = 200
+# Limits in UTF-8 bytes, the unit an index counts: the ledger's indexes hold (scope, key) in one
+# btree row (operations' and attempts' primary keys, evidence (scope, key, id)), and btree refuses a
+# row over about 2,700 bytes on 8 KB pages (54000 "index row size exceeds btree maximum"), which a
+# worker would take for a handler fault and retry. The largest scope and key together use less than
+# half of that, so a future index with one more column still fits.
+MAX_KEY_BYTES = 512
+"""Longest operation key: 512 bytes of UTF-8 (512 ASCII characters, 128 of 4-byte ones); a longer
+key is refused, never truncated (truncation merges keys)."""
+MAX_TENANT_BYTES = 200
+"""Longest tenant (broker path) or escaped client id (HTTP): 200 bytes of UTF-8."""
+MAX_OPERATION_TYPE_BYTES = 512
+"""Longest operation type (a handler's ``operation_type``, an HTTP ``"<METHOD> <template>"``)."""
+MAX_VERSION = 2**31 - 1
+"""Largest scope version (``v<version>``: at most 10 digits)."""
+MAX_SCOPE_BYTES = MAX_TENANT_BYTES + len("/") + MAX_OPERATION_TYPE_BYTES + len("/v") + len(str(MAX_VERSION))
+
+BTREE_ROW_BYTES = 2704
+"""PostgreSQL's largest btree index row on 8 KB pages (BTMaxItemSize)."""
+_INDEX_ROW_OVERHEAD = 8 + 2 * 4 + 2 * 8 + 8  # tuple header, two varlena headers, alignment, evidence id
+assert 2 * (MAX_SCOPE_BYTES + MAX_KEY_BYTES + _INDEX_ROW_OVERHEAD) <= BTREE_ROW_BYTES
 
 
-def normalize_key(raw: object, *, what: str = "operation key") -> str:
+def utf8_bytes(text: str) -> int:
+    """Length of ``text`` in UTF-8 bytes (a lone surrogate counts as its 3 bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def normalize_key(raw: object, *, what: str = "operation key", max_bytes: int = MAX_KEY_BYTES) -> str:
     """Validate an operation key (or tenant) and return its NFC form.
+
+    Args:
+        what: how the error names the value (``"operation key (header 'operation-id')"``).
+        max_bytes: longest NFC form in UTF-8 bytes (:data:`MAX_KEY_BYTES`; a tenant:
+            :data:`MAX_TENANT_BYTES`).
 
     Raises:
         InvalidMessage: ``missing_operation_key`` when empty or absent, ``invalid_operation_key``
-            when not a string, longer than 512 characters, or holding control characters (NUL...).
+            when not a string, longer than ``max_bytes`` bytes of UTF-8, or holding control
+            characters (NUL...) or a lone surrogate.
     """
     if raw is None or raw == "" or raw == b"":
         raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is missing or empty")
     if isinstance(raw, bytes):
+        if len(raw) > 4 * max_bytes:  # NFC never shrinks text 4-fold: too long whatever it holds
+            raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, _too_long(what, len(raw), max_bytes))
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -52,18 +83,40 @@ def normalize_key(raw: object, *, what: str = "operation key") -> str:
         raise InvalidMessage(
             DeadLetterReason.INVALID_OPERATION_KEY, f"{what} must be a string, got {type(raw).__name__}"
         )
+    if len(raw) > 4 * max_bytes:  # spare NFC a huge string: it cannot come back short enough
+        raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, _too_long(what, utf8_bytes(raw), max_bytes))
     key = unicodedata.normalize("NFC", raw)
     if not key.strip():
         raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is blank")
-    if len(key) > MAX_KEY_LENGTH:
-        raise InvalidMessage(
-            DeadLetterReason.INVALID_OPERATION_KEY, f"{what} is {len(key)} characters (max {MAX_KEY_LENGTH})"
-        )
     if any(unicodedata.category(ch) == "Cc" for ch in key):
         raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} contains control characters")
     if any(unicodedata.category(ch) == "Cs" for ch in key):  # lone surrogate: not encodable as UTF-8
         raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, f"{what} contains a lone surrogate")
+    size = utf8_bytes(key)
+    if size > max_bytes:
+        raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, _too_long(what, size, max_bytes))
     return key
+
+
+def _too_long(what: str, size: int, max_bytes: int) -> str:
+    return f"{what} is {size} bytes of UTF-8 (max {max_bytes})"
+
+
+def check_scope_parts(operation_type: str, version: int, *, owner: str) -> None:
+    """Refuse, at start-up, an operation type or version that would make scopes too long for the
+    ledger's index (:data:`MAX_OPERATION_TYPE_BYTES`, ``0 <= version <=`` :data:`MAX_VERSION`).
+
+    Raises:
+        ConfigurationError: naming ``owner`` (``"CreateInvoiceHandler"``) and the rule.
+    """
+    size = utf8_bytes(operation_type)
+    if size > MAX_OPERATION_TYPE_BYTES:
+        raise ConfigurationError(
+            f"{owner}: operation type of {size} bytes of UTF-8 (max {MAX_OPERATION_TYPE_BYTES}: the ledger"
+            " indexes scope and key together)"
+        )
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise ConfigurationError(f"{owner}: version={version!r} must be an integer from 0 to {MAX_VERSION}")
 
 
 class UnsupportedNumber(ValueError):

@@ -35,6 +35,7 @@ from consumer_kit.http.intent import RequestIntent
 from consumer_kit.http.operation import is_serving
 from consumer_kit.http.pipeline import ClientOf, EndpointSpec, RequestPipeline
 from consumer_kit.http.policy import IdempotencyPolicy
+from consumer_kit.identity import check_scope_parts
 from consumer_kit.pipeline.runtime import default_worker_id
 from consumer_kit.settings import Settings
 
@@ -135,8 +136,11 @@ class Idempotency:
             operation_type: the scope's operation name instead of ``"<METHOD> <route template>"``.
 
         Raises:
-            ConfigurationError: the endpoint is not ``async def``.
+            ConfigurationError: the endpoint is not ``async def``, or ``operation_type`` is longer
+                than the ledger's index holds (512 bytes of UTF-8).
         """
+        if operation_type is not None:
+            check_scope_parts(operation_type, self.policy.api_version, owner="an idempotent endpoint")
         spec = EndpointSpec(
             RequestIntent(
                 exclude=frozenset(exclude), query=query if isinstance(query, bool) else frozenset(query),

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.identity import MAX_KEY_LENGTH
+from consumer_kit.identity import MAX_KEY_BYTES, utf8_bytes
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
@@ -51,7 +51,8 @@ class KeyFormat:
     The default, 16 to 255 characters of ``A-Z a-z 0-9 - . _ ~`` (RFC 3986 "unreserved"), takes a
     UUID (36), a ULID (26), or 16+ characters of a random base64url string, and refuses short,
     guessable keys (draft section 5). :data:`UUID_KEYS` accepts exactly one textual UUID. Whatever
-    the pattern, a key longer than 512 characters (the ledger's limit) is refused.
+    the pattern, a key longer than 512 bytes of UTF-8 (the ledger's limit,
+    :data:`consumer_kit.identity.MAX_KEY_BYTES`) is refused.
 
     Raises (on construction):
         ConfigurationError: ``pattern`` is not a valid regular expression.
@@ -77,7 +78,7 @@ class KeyFormat:
         Raises:
             MalformedKey: it does not (the detail names the rule, never the key).
         """
-        if len(key) > MAX_KEY_LENGTH or self._compiled.fullmatch(key) is None:
+        if utf8_bytes(key) > MAX_KEY_BYTES or self._compiled.fullmatch(key) is None:
             raise MalformedKey(f"Idempotency-Key must be {self.description}")
         return key
 

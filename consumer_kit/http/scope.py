@@ -23,7 +23,7 @@ from typing import Any
 from starlette.requests import Request
 
 from consumer_kit.errors import ConfigurationError, InvalidMessage
-from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, normalize_key
+from consumer_kit.identity import MAX_TENANT_BYTES, check_scope_parts, normalize_key, utf8_bytes
 from consumer_kit.model.identity import OperationIdentity
 
 
@@ -32,15 +32,16 @@ def scope_tenant(client: str) -> str:
 
     Raises:
         ConfigurationError: an empty client, one with control characters, or one longer than
-            200 characters: the API's ``client`` function must return an authenticated id.
+            200 bytes of UTF-8 once escaped: the API's ``client`` function must return an
+            authenticated id.
     """
     try:
         normalized = normalize_key(client, what="client id")
     except InvalidMessage as exc:
         raise ConfigurationError(f"the API's client function returned an unusable id: {exc.detail}") from None
     escaped = normalized.replace("%", "%25").replace("/", "%2F")
-    if len(escaped) > MAX_SCOPE_PART_LENGTH:
-        raise ConfigurationError(f"client id of {len(escaped)} characters (max {MAX_SCOPE_PART_LENGTH})")
+    if (size := utf8_bytes(escaped)) > MAX_TENANT_BYTES:
+        raise ConfigurationError(f"client id of {size} bytes of UTF-8 once escaped (max {MAX_TENANT_BYTES})")
     return escaped
 
 
@@ -80,10 +81,17 @@ def request_identity(
     projection_version: int,
     operation_type: str | None = None,
 ) -> OperationIdentity:
-    """The ledger identity of one request (module docstring)."""
+    """The ledger identity of one request (module docstring).
+
+    Raises:
+        ConfigurationError: an unusable client id (:func:`scope_tenant`), or an operation type or
+            API version the ledger's index cannot hold (:func:`~consumer_kit.identity.check_scope_parts`).
+    """
+    operation_type = operation_type or f"{method.upper()} {template}"
+    check_scope_parts(operation_type, api_version, owner=f"idempotent endpoint {template!r}")
     return OperationIdentity(
         tenant=scope_tenant(client),
-        operation_type=operation_type or f"{method.upper()} {template}",
+        operation_type=operation_type,
         version=api_version,
         key=key,
         fingerprint=fingerprint,
