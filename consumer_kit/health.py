@@ -9,7 +9,8 @@
 
 Any other path answers like ``/live``. Every answer is JSON:
 ``{"status": "ok"|"stale", "ready": bool, "last_beat_age": seconds, "detail": {...}}``.
-The endpoint listens on 127.0.0.1 only.
+The endpoint listens on 127.0.0.1 unless told otherwise (``CONSUMER_KIT_HEALTH_HOST``, ``--health-host``):
+its answers stay on the host by default; ``0.0.0.0`` or ``::`` opens it to a Kubernetes probe.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger("consumer_kit.health")
 
@@ -73,11 +76,24 @@ class Health:
     def ready(self) -> bool:
         return self.alive and self._ready()
 
-    async def serve(self, port: int) -> int:
-        """Start the endpoint on ``127.0.0.1:port`` (``0``: any free port); returns the port."""
-        self._server = await asyncio.start_server(self._answer, "127.0.0.1", port)
+    async def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Start the endpoint on ``host:port`` (``0``: any free port); returns the port.
+
+        Args:
+            host: address to listen on (``127.0.0.1``: this host only; ``0.0.0.0`` or ``::``:
+                every interface, as a Kubernetes probe needs).
+
+        Raises:
+            ConfigurationError: the address cannot be listened on (not this host's, in use).
+        """
+        try:
+            self._server = await asyncio.start_server(self._answer, host, port)
+        except OSError as exc:  # EADDRNOTAVAIL, EADDRINUSE, an unresolvable name
+            raise ConfigurationError(
+                f"health endpoint: cannot listen on {host} port {port} ({exc.strerror or exc})"
+            ) from None
         self.port = self._server.sockets[0].getsockname()[1]
-        logger.info("health endpoint on http://127.0.0.1:%s/ (/live, /ready)", self.port)
+        logger.info("health endpoint on %s port %s (/live, /ready)", host, self.port)
         return self.port
 
     async def close(self) -> None:

@@ -30,6 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.listen_address import check_host, listen_host
 from consumer_kit.redaction import redact_url
 
 ENV_PREFIX = "CONSUMER_KIT_"
@@ -279,7 +280,19 @@ class Settings(DatabaseSettings):
     )
     health_port: int | None = count(
         None, unit="TCP port", minimum=0, maximum=65_535, example=8081,
-        description="Serve /live and /ready on 127.0.0.1:PORT (0: any free port).",
+        description="Serve /live and /ready on HEALTH_HOST:PORT (0: any free port).",
+    )
+    health_host: str = listen_host(
+        "127.0.0.1",
+        "Address the health endpoint listens on. Default 127.0.0.1: its answers (counters, state)"
+        " stay on the host unless asked; set 0.0.0.0 (or ::) for Kubernetes probes, which connect"
+        " to the pod's IP.",
+    )
+    metrics_host: str = listen_host(
+        "0.0.0.0",
+        "Address the Prometheus endpoint (--metrics-port) listens on. Default 0.0.0.0: a scraper"
+        " runs on another host or pod, and metrics are served only when a port is asked for; they"
+        " carry counts and names, never payloads. 127.0.0.1 keeps them on the host.",
     )
     shutdown_timeout: float = seconds(
         30.0, minimum=0.1, maximum=3600, example=30,
@@ -295,6 +308,11 @@ class Settings(DatabaseSettings):
         10.0, minimum=1, maximum=86_400, example=10,
         description="Time between the worker's INFO lines of outcome counts.",
     )
+
+    @field_validator("health_host", "metrics_host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        return check_host(value)
 
     @field_validator("retry_delays", mode="before")
     @classmethod

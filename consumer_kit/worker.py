@@ -129,7 +129,7 @@ class Worker:
                     )
                 self._install_signal_handlers()
                 if self.settings.health_port is not None:
-                    await self.health.serve(self.settings.health_port)
+                    await self.health.serve(self.settings.health_port, self.settings.health_host)
                 background = [
                     asyncio.create_task(self._log_summaries(), name="consumer-kit summary"),
                     asyncio.create_task(self._heartbeat(), name="consumer-kit heartbeat"),

@@ -26,9 +26,11 @@ import typer
 
 from consumer_kit.cli.console import (
     Embedded,
+    HealthHost,
     LibraryLogLevel,
     LogFormat,
     LogLevel,
+    MetricsHost,
     MetricsPort,
     Otel,
     plain,
@@ -68,6 +70,8 @@ OPTIONS = {
     "relay_destinations_file": "--destinations",
     "relay_health_file": "--health-file",
     "relay_health_port": "--health-port",
+    "relay_health_host": "--health-host",
+    "metrics_host": "--metrics-host",
     "relay_id": "--relay-id",
     "relay_retention": "--retention",
 }
@@ -101,13 +105,15 @@ def run(
         Path | None, typer.Option(help="Destination map file (TOML or JSON with a destinations table)")
     ] = None,
     health_file: Annotated[Path | None, typer.Option(help="Touched on every loop")] = None,
-    health_port: Annotated[int | None, typer.Option(help="HTTP health on 127.0.0.1")] = None,
+    health_port: Annotated[int | None, typer.Option(help="HTTP health on --health-host (0: any free port)")] = None,
+    health_host: HealthHost = None,
     relay_id: Annotated[str | None, typer.Option(help="Name written to claimed_by")] = None,
     embedded: Embedded = False,
     log_level: LogLevel = "INFO",
     library_log_level: LibraryLogLevel = "WARNING",
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
     otel: Otel = False,
 ) -> None:
     """Relay outbox rows to the broker until SIGTERM (or once, with --once).
@@ -133,12 +139,16 @@ def run(
         relay_destinations_file=destinations,
         relay_health_file=health_file,
         relay_health_port=health_port,
+        relay_health_host=health_host,
+        metrics_host=metrics_host,
         relay_id=relay_id,
     )
     with user_errors(settings):
         require_shared_broker(settings, "outbox-relay")
         require_database(settings, "outbox-relay")
-        installed = install(service_name="outbox-relay", metrics_port=metrics_port, otel=otel)
+        installed = install(
+            service_name="outbox-relay", metrics_port=metrics_port, metrics_addr=settings.metrics_host, otel=otel
+        )
         try:
             asyncio.run(_run(settings, once=once, gauges=metrics_port is not None or otel))
         finally:

@@ -183,7 +183,7 @@ class Relay:
             self._listener.start()
             await self._listener.wait_connected(10.0)
         if self.settings.relay_health_port is not None:
-            await self.health.serve(self.settings.relay_health_port)
+            await self.health.serve(self.settings.relay_health_port, self.settings.relay_health_host)
         logger.info(
             "relay %s started: schema=%s broker=%s batch=%s in_flight=%s ordered=%s lease=%.1fs poll=%.1fs",
             self.relay_id, self.settings.db_schema, redact_url(self.settings.broker_url),

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from consumer_kit.listen_address import check_host, listen_host
 from consumer_kit.settings import DatabaseSettings, Settings, count, example, seconds
 
 
@@ -129,8 +130,18 @@ class RelaySettings(Settings, OutboxSettings):
     relay_health_file: Path | None = Field(default=None, description="Touched on every loop.")
     relay_health_port: int | None = count(
         None, unit="TCP port", minimum=0, maximum=65_535, example=8082,
-        description="Tiny HTTP health endpoint on 127.0.0.1 (0: any free port).",
+        description="Tiny HTTP health endpoint on RELAY_HEALTH_HOST (0: any free port).",
     )
+    relay_health_host: str = listen_host(
+        "127.0.0.1",
+        "Address the relay's health endpoint listens on. Default 127.0.0.1 (not exposed unless"
+        " asked); 0.0.0.0 (or ::) for Kubernetes probes.",
+    )
+
+    @field_validator("relay_health_host")
+    @classmethod
+    def _health_host(cls, value: str) -> str:
+        return check_host(value)
 
     @field_validator("relay_destinations", mode="before")
     @classmethod

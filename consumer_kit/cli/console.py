@@ -71,7 +71,24 @@ MetricsPort = Annotated[
     int | None,
     typer.Option(
         "--metrics-port", envvar="CONSUMER_KIT_METRICS_PORT", min=1, max=65535,
-        help="Serve metrics in Prometheus format at http://0.0.0.0:PORT/metrics (needs the otel extra)",
+        help="Serve metrics in Prometheus format at http://HOST:PORT/metrics, HOST from --metrics-host "
+        "(needs the otel extra)",
+    ),
+]
+MetricsHost = Annotated[
+    str | None,
+    typer.Option(
+        "--metrics-host",
+        help="Address the metrics endpoint listens on (default CONSUMER_KIT_METRICS_HOST or 0.0.0.0: "
+        "a scraper runs elsewhere; 127.0.0.1 keeps it on this host)",
+    ),
+]
+HealthHost = Annotated[
+    str | None,
+    typer.Option(
+        "--health-host",
+        help="Address the health endpoint listens on (default 127.0.0.1: this host only; 0.0.0.0 or :: "
+        "for Kubernetes probes)",
     ),
 ]
 Otel = Annotated[

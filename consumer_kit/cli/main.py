@@ -21,9 +21,11 @@ import typer
 from consumer_kit.app import App, load_app
 from consumer_kit.cli.console import (
     Embedded,
+    HealthHost,
     LibraryLogLevel,
     LogFormat,
     LogLevel,
+    MetricsHost,
     MetricsPort,
     Otel,
     read_settings,
@@ -114,16 +116,20 @@ def worker(
     library_log_level: LibraryLogLevel = "WARNING",
     log_format: LogFormat = "text",
     metrics_port: MetricsPort = None,
+    metrics_host: MetricsHost = None,
+    health_host: HealthHost = None,
     otel: Otel = False,
 ) -> None:
     """Consume the app's queues until SIGTERM/SIGINT, then shut down gracefully (exit 0).
 
     Needs CONSUMER_KIT_BROKER_URL and CONSUMER_KIT_DATABASE_URL (or --embedded). With
-    --metrics-port and --processes N, the processes serve ports PORT to PORT+N-1."""
+    --metrics-port and --processes N, the processes serve ports PORT to PORT+N-1. The health
+    endpoint (CONSUMER_KIT_HEALTH_PORT) listens on --health-host."""
     setup_logging(log_level, library_log_level, log_format)
     settings = read_settings(
         Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None,
-        options={"concurrency": "--concurrency"},
+        metrics_host=metrics_host, health_host=health_host,
+        options={"concurrency": "--concurrency", "metrics_host": "--metrics-host", "health_host": "--health-host"},
     )
     migrate_first = migrate_first or settings.embedded  # nobody runs `migrate` on a throwaway database
     sys.path.insert(0, os.getcwd())  # like uvicorn: APP may live in the current directory
@@ -140,15 +146,16 @@ def worker(
             if concurrency:
                 extra += ["--concurrency", str(concurrency)]
             if metrics_port is not None:
-                extra += ["--metrics-port", str(metrics_port)]
+                extra += ["--metrics-port", str(metrics_port), "--metrics-host", settings.metrics_host]
                 env[PORT_RANGE_VARIABLE] = str(processes)
+            extra += ["--health-host", settings.health_host]
             extra += ["--otel"] if otel else []
             raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
         from consumer_kit.worker import Worker
 
         application = load_app(app)
         installed = install(
-            service_name="consumer-kit-worker", metrics_port=metrics_port, otel=otel,
+            service_name="consumer-kit-worker", metrics_port=metrics_port, metrics_addr=settings.metrics_host, otel=otel,
             port_range=int(os.environ.get(PORT_RANGE_VARIABLE, "1")),
         )
         try:

@@ -2,9 +2,9 @@
 ``outbox-relay``) when asked: the library itself never installs one.
 
 * ``--metrics-port P``: a :class:`~opentelemetry.sdk.metrics.MeterProvider` with the OpenTelemetry
-  Prometheus exporter, served at ``http://<addr>:P/metrics`` (``prometheus_client``'s server,
-  in a thread). With several worker processes on one host, each child takes the first free port of
-  ``P .. P + processes - 1``.
+  Prometheus exporter, served at ``http://<addr>:P/metrics`` (``prometheus_client``'s server, in a
+  thread; ``<addr>``: ``--metrics-host``, default 0.0.0.0). With several worker processes on one
+  host, each child takes the first free port of ``P .. P + processes - 1``.
 * ``--otel``: OTLP export of traces (batched) and metrics (every ``OTEL_METRIC_EXPORT_INTERVAL``
   ms, default 60000), configured by the standard variables: ``OTEL_EXPORTER_OTLP_ENDPOINT``,
   ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``grpc``, the default, or ``http/protobuf``),
@@ -54,7 +54,8 @@ def install(
 
     Raises:
         ConfigurationError: the ``otel`` extra is missing, or no port of ``metrics_port ..
-            metrics_port + port_range - 1`` could be bound.
+            metrics_port + port_range - 1`` could be bound on ``metrics_addr`` (an address or
+            host name).
     """
     installed = Installed()
     if metrics_port is None and not otel:
@@ -97,7 +98,8 @@ def _prometheus(installed: Installed, port: int, addr: str, port_range: int) -> 
             continue
         installed.metrics_port = candidate
         installed.shutdowns.append(server.shutdown)
-        logger.info("metrics at http://%s:%s/metrics (Prometheus format)", addr, candidate)
+        shown = f"[{addr}]" if ":" in addr else addr  # an IPv6 address goes in brackets in a URL
+        logger.info("metrics at http://%s:%s/metrics (Prometheus format)", shown, candidate)
         return reader
     raise ConfigurationError(
         f"--metrics-port: cannot listen on {addr} port {port}"
