@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typer.testing import CliRunner
 
 from consumer_kit.cli.console import Field, output, plain, print_records
 from consumer_kit.cli.main import cli
+from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 from tests.broker_env import Env
 
 MARKUP_KEY = "order-[/]-1"  # a valid key that rich reads as a closing tag (MarkupError)
@@ -197,3 +199,17 @@ async def test_dlq_list_prints_hostile_dead_letters_as_text(env: Env) -> None:
     listed = json.loads(raw)
     assert sorted(row["message_id"] for row in listed) == sorted(letter["message_id"] for letter in letters)
     assert {row["body"] for row in listed} == {json.dumps({"text": list(HOSTILE)}, ensure_ascii=False)}
+
+
+def test_log_lines_escape_what_a_terminal_would_act_on_and_json_logs_keep_the_values() -> None:
+    """The worker's own output: a delivery line quoting a producer's message id and key."""
+    message_id, key = f"{ESCAPE}\x9b2J{LINK}", f"{BIDI}{MARKUP_KEY}"
+    record = logging.LogRecord("consumer_kit.runtime", logging.WARNING, __file__, 1,
+                               "delivery message_id=%s operation_key=%s", (message_id, key), None)
+    text = SafeTextFormatter("%(levelname)s %(message)s").format(record)
+    assert text == f"WARNING delivery message_id=\\x1b[31mred\\x9b2J{LINK} operation_key=\\u202eevil{MARKUP_KEY}"
+    line = JsonFormatter().format(record)
+    assert not any(char in line for char in "\x1b\x9b\u202e")
+    assert json.loads(line)["message"] == f"delivery message_id={message_id} operation_key={key}"
+    assert "op-🧾-日本" in JsonFormatter().format(logging.LogRecord(
+        "consumer_kit", logging.INFO, __file__, 1, "%s", ("op-🧾-日本",), None))  # the rest stays readable

@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.plain_text import escape_controls
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import DatabaseSettings, Settings, unknown_variables
 
@@ -207,35 +208,12 @@ def fail(message: str) -> NoReturn:
 
 # -- operator output: producer text printed as text ----------------------------------------------
 
-_BIDI_CONTROLS = frozenset(
-    chr(code) for code in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
-)
-"""Characters that reorder or hide the text around them on a terminal (Unicode bidi embeddings,
-overrides, isolates and marks), escaped like control characters."""
-
-_LINE_SEPARATORS = frozenset("\u2028\u2029")
-
-
-def _escaped(char: str) -> str:
-    code = ord(char)
-    if char == "\\":
-        return "\\\\"
-    if code < 0x20 or 0x7F <= code < 0xA0:  # C0, DEL, C1 (ESC, CSI, OSC...)
-        return f"\\x{code:02x}"
-    if char in _BIDI_CONTROLS or char in _LINE_SEPARATORS:
-        return f"\\u{code:04x}"
-    return char
-
-
 def plain(value: object) -> str:
     """``value`` as one line of text a terminal shows as it is: control characters (C0, DEL, C1:
     ESC, CSI, ...), bidi controls (U+202A-U+202E, U+2066-U+2069, U+200E/F, U+061C) and line
     separators written as ``\\x1b`` / ``\\u202e`` escapes, and a backslash doubled, so that the
     text reads one way only (``None`` is ``""``)."""
-    text = "" if value is None else str(value)
-    if text.isprintable() and "\\" not in text:  # bidi controls and separators are not printable
-        return text  # the common case: nothing to escape
-    return "".join(_escaped(char) for char in text)
+    return escape_controls("" if value is None else str(value))
 
 
 def cell(value: object) -> Text:

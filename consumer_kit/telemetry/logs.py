@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from consumer_kit.plain_text import escape_controls, escape_json_controls
 from consumer_kit.telemetry.describe import describe_traceback
 
 if TYPE_CHECKING:
@@ -109,11 +110,17 @@ class JsonFormatter(logging.Formatter):
             entry.update(fields)
         if record.exc_info and record.exc_info[1] is not None:
             entry["exception"] = describe_traceback(record.exc_info[1])
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        # JSON escapes C0 itself; the rest a terminal acts on (C1, bidi) as \u escapes, same value
+        return escape_json_controls(json.dumps(entry, default=str, ensure_ascii=False))
 
 
 class SafeTextFormatter(logging.Formatter):
-    """The text format, with exceptions as frames-only tracebacks (no exception text)."""
+    """The text format, with exceptions as frames-only tracebacks (no exception text) and control
+    and bidi characters of the line escaped (``\x1b``, ``\u202e``): a message id or key from a
+    producer can neither drive the terminal nor split the record into two lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record), double_backslash=False)
 
     def formatException(self, ei: Any) -> str:
         exc = ei[1] if isinstance(ei, tuple) else None
