@@ -152,6 +152,12 @@ frame, and refuses an oversized event where it is written, in the handler, not a
 """
 
 
+MAX_PARTITION_KEY_BYTES = 1024
+"""Longest event partition key, in UTF-8 bytes: the outbox indexes (partition_key, commit_seq), and
+btree refuses a row over about 2,700 bytes (a handler deriving the key from a producer's field
+would otherwise fail at COMMIT with ``54000 index row size ... exceeds btree maximum``)."""
+
+
 def pending_event(
     *,
     destination: str,
@@ -167,11 +173,19 @@ def pending_event(
     trace of the transaction that wrote the event (:mod:`consumer_kit.telemetry.tracing`).
 
     Raises:
-        ValueError: empty destination, or headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded.
+        ValueError: empty destination, headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded, or
+            a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
         TypeError: payload or headers not JSON-serialisable.
     """
     if not destination:
         raise ValueError("destination must be a non-empty outbox destination name")
+    if partition_key is not None:
+        key_bytes = len(partition_key.encode("utf-8", "surrogatepass"))
+        if key_bytes > MAX_PARTITION_KEY_BYTES:
+            raise ValueError(
+                f"partition key of {key_bytes} bytes (UTF-8); the limit is {MAX_PARTITION_KEY_BYTES}"
+                " (MAX_PARTITION_KEY_BYTES), so that the outbox's index can hold it"
+            )
     stored = dict(headers)
     inject_into(stored)  # the current trace context: the relay's publish span continues it
     encoded_headers = json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
@@ -266,7 +280,8 @@ class OutboxWriter:
         """Insert one event row; returns its event ID.
 
         Raises:
-            ValueError: empty destination, or headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded.
+            ValueError: empty destination, headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded, or
+            a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
             TypeError: payload or headers not JSON-serialisable.
         """
         event = pending_event(

@@ -25,6 +25,7 @@ from consumer_kit.identity import (
     MAX_VERSION,
     check_scope_parts,
 )
+from consumer_kit.outbox import MAX_PARTITION_KEY_BYTES, pending_event
 from tests.harness import fetch_all, runtime_for, throwaway_schema
 
 QUEUE = "limits.commands"
@@ -185,3 +186,26 @@ def test_operation_types_versions_and_client_ids_are_checked_in_bytes() -> None:
     assert key_format.check("k" * MAX_KEY_BYTES)
     with pytest.raises(MalformedKey):
         key_format.check("k" * (MAX_KEY_BYTES + 1))
+
+
+def test_an_event_partition_key_is_bounded_in_bytes_where_the_handler_writes_it() -> None:
+    """The outbox indexes (partition_key, commit_seq): a key a handler took from a producer's field
+    is refused in ``ctx.publish`` with the limit, not at COMMIT as an index-row error."""
+    fits = pending_event(destination="d", routing_key="", message_type="E", payload={},
+                         partition_key=four_byte_text(MAX_PARTITION_KEY_BYTES // 4, 8), headers={})
+    assert fits.partition_key is not None
+    with pytest.raises(ValueError, match="partition key of 1025 bytes"):
+        pending_event(destination="d", routing_key="", message_type="E", payload={},
+                      partition_key=four_byte_text(MAX_PARTITION_KEY_BYTES // 4, 8) + "p", headers={})
+
+
+@pytest.mark.postgres
+async def test_the_outbox_index_holds_the_largest_partition_key(database_url: str) -> None:
+    async with throwaway_schema(database_url, example_tables=False) as schema:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
+            await conn.execute(
+                "INSERT INTO outbox (event_id, destination, message_type, partition_key, payload)"
+                " VALUES (gen_random_uuid(), 'd', 'E', %s, '{}')",
+                (four_byte_text(MAX_PARTITION_KEY_BYTES // 4, 9),),
+            )
