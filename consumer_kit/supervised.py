@@ -11,7 +11,8 @@ from the factory. A coroutine that returns has finished its job: the task ends, 
 Test hook: :meth:`Supervised.inject` makes the running coroutine die with a given exception at the
 point where it is waiting now, the way ``asyncio.timeout`` turns a cancellation into
 ``TimeoutError``: the coroutine sees a cancellation (its ``finally`` blocks run), and the
-supervisor sees the injected exception as the coroutine's death.
+supervisor sees the injected exception as the coroutine's death. It can hold the restart until
+an event is set, so a test observes the task down without timing it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Supervised:
         self._task: asyncio.Task[None] | None = None
         self._run: asyncio.Task[None] | None = None  # the current coroutine's own task
         self._injected: BaseException | None = None
+        self._hold: asyncio.Event | None = None
         self.up = True
         self.deaths = 0
         self.restarts = 0
@@ -111,11 +113,16 @@ class Supervised:
             self._task.cancel()
         _LIVE.discard(self)
 
-    def inject(self, exc: BaseException) -> None:
-        """Test hook: make the running coroutine die with ``exc`` where it waits now."""
+    def inject(self, exc: BaseException, *, hold: asyncio.Event | None = None) -> None:
+        """Test hook: make the running coroutine die with ``exc`` where it waits now; with
+        ``hold``, its restart waits until ``hold`` is set.
+
+        Raises:
+            RuntimeError: it is not running.
+        """
         if self._run is None or self._run.done():
             raise RuntimeError(f"{self.name} is not running")
-        self._injected = exc
+        self._injected, self._hold = exc, hold
         self._run.cancel()
 
     async def _supervise(self) -> None:
@@ -154,6 +161,9 @@ class Supervised:
                 "background task %s died (%s); restarting in %.1f s", self.name, type(death).__name__, pause,
                 exc_info=death,
             )
+            hold, self._hold = self._hold, None
+            if hold is not None:
+                await hold.wait()
             await asyncio.sleep(pause)
             pause = min(self._max_pause, pause * 2)
             self.restarts += 1
