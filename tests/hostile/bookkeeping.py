@@ -75,6 +75,7 @@ BAD_KINDS: dict[str, Callable[[str], Any]] = {
     "two_pow_63_text": lambda _header: str(2**63),
     "two_pow_63_bytes": lambda _header: str(2**63).encode(),
     "nested": lambda _header: nested(),
+    "nested_text": lambda _header: nested_json(),
     "huge": lambda _header: "9" * HUGE,
     "undecodable": lambda _header: b"\xff\xfe\xfa",
 }

@@ -6,13 +6,15 @@ worker stays ready and no receive task dies. The matrix: :mod:`tests.hostile.boo
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
+import aio_pika
 import pytest
 
 from adapters.memory import get_broker
-from tests.hostile.bookkeeping import CASE_HEADER, Broker, run_matrix
+from tests.hostile.bookkeeping import CASE_HEADER, SKIP, Broker, nested, run_matrix
 
 pytestmark = pytest.mark.postgres
 
@@ -36,4 +38,64 @@ async def test_every_bad_bookkeeping_header_on_memory(database_url: str) -> None
         queue=queue, settings={"broker_url": url}, send=send, dead_letters=dead_letters, carry=_same,
         receive_task="memory-pump:bookkeeping",
     ))
-    assert len(matrix) == 16 * 10
+    assert len(matrix) == 16 * 11
+
+
+RABBITMQ_DEPTH = 200
+"""AMQP arrays nested this deep. pamqp decodes a field table recursively: at Python's default
+recursion limit a header 10,000 levels deep fails in aiormq's frame reader, before any
+consumer-kit code, and closes the connection (every subscription is re-created, the message comes
+back; a known limit, see the branch report). 10,000 levels travel as JSON text here."""
+
+RABBITMQ_HUGE = 100_000
+"""Characters: the largest test string whose header fits RabbitMQ's default 131,072-byte frame."""
+
+
+def _rabbitmq_carry(kind: str, value: Any) -> Any:
+    if kind in ("two_pow_63_int", "two_pow_63_bytes", "undecodable"):
+        return SKIP  # AMQP has no unsigned 64-bit field; pamqp sends no bytes
+    if kind == "non_finite":
+        return "inf"  # RabbitMQ 3.10 closes the producer's connection for an infinite double
+    if kind == "nested":
+        return nested(RABBITMQ_DEPTH)
+    if kind == "huge":
+        return "9" * RABBITMQ_HUGE
+    return value
+
+
+@pytest.mark.rabbitmq
+async def test_every_bad_bookkeeping_header_on_rabbitmq(database_url: str, rabbitmq_url: str) -> None:
+    queue = f"ck-bookkeeping-{uuid.uuid4().hex[:8]}"
+    connection = await aio_pika.connect(rabbitmq_url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+
+        async def send(headers: dict[str, Any], body: bytes) -> None:
+            await channel.default_exchange.publish(
+                aio_pika.Message(body, message_id=str(uuid.uuid4()), headers=headers), routing_key=queue
+            )
+
+        async def dead_letters(count: int) -> list[tuple[str, str, str]]:
+            dlq = await channel.declare_queue(f"{queue}.dlq", passive=True)
+            letters = []
+            async with asyncio.timeout(30):
+                while len(letters) < count:
+                    message = await dlq.get(no_ack=True, fail=False)
+                    if message is None:
+                        await asyncio.sleep(0.05)  # polling the DLQ's observable state
+                        continue
+                    headers = message.headers
+                    letters.append((str(headers[CASE_HEADER]), str(headers["x-dead-letter-reason"]),
+                                    str(headers.get("x-dead-letter-detail", ""))))
+            assert await dlq.get(no_ack=True, fail=False) is None
+            return letters
+
+        matrix = await run_matrix(database_url, Broker(
+            queue=queue, settings={"broker_url": rabbitmq_url}, send=send, dead_letters=dead_letters,
+            carry=_rabbitmq_carry, receive_task="consumer-kit rabbitmq supervisor",
+        ))
+        assert len(matrix) == 16 * 8
+        for name in (queue, f"{queue}.dlq", f"{queue}.retry.50ms"):
+            await channel.queue_delete(name)
+    finally:
+        await connection.close()
