@@ -7,6 +7,7 @@ worker stays ready and no receive task dies. The matrix: :mod:`tests.hostile.boo
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -14,6 +15,7 @@ import aio_pika
 import pytest
 
 from adapters.memory import get_broker
+from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.hostile.bookkeeping import CASE_HEADER, SKIP, Broker, nested, run_matrix
 
 pytestmark = pytest.mark.postgres
@@ -99,3 +101,59 @@ async def test_every_bad_bookkeeping_header_on_rabbitmq(database_url: str, rabbi
             await channel.queue_delete(name)
     finally:
         await connection.close()
+
+
+def _sqs_carry(kind: str, value: Any) -> Any:
+    """SQS attributes are text or binary: numbers go as their text, nesting as JSON text."""
+    if kind == "nested":
+        return SKIP  # the same as nested_text here: SQS carries no structure
+    if isinstance(value, bytes):
+        return value
+    return value if isinstance(value, str) else json.dumps(value) if not isinstance(value, float) else repr(value)
+
+
+def _sqs_attribute(value: Any) -> dict[str, Any]:
+    if isinstance(value, bytes):
+        return {"DataType": "Binary", "BinaryValue": value}
+    return {"DataType": "String", "StringValue": value}
+
+
+async def test_every_bad_bookkeeping_header_on_sqs(database_url: str, sqs_endpoint: str) -> None:  # noqa: F811
+    from adapters.sqs import SQSClient, SQSConfig, headers_of
+    from adapters.sqs.topology import sqs_queue_name
+
+    queue = f"ck-bookkeeping-{uuid.uuid4().hex[:8]}"
+    client = SQSClient(SQSConfig.from_url(sqs_url(sqs_endpoint)), threads=4, pollers=0)
+    size = {"MaximumMessageSize": str(1024 * 1024)}
+    dlq_url = (await client.call("create_queue", QueueName=sqs_queue_name(queue) + "-dlq", Attributes=size))["QueueUrl"]
+    arn = (await client.call("get_queue_attributes", QueueUrl=dlq_url, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 20})
+    queue_url = (await client.call(
+        "create_queue", QueueName=sqs_queue_name(queue), Attributes={**size, "RedrivePolicy": policy}
+    ))["QueueUrl"]
+    try:
+        async def send(headers: dict[str, Any], body: bytes) -> None:
+            attributes = {name: _sqs_attribute(value) for name, value in headers.items()}
+            await client.call("send_message", QueueUrl=queue_url, MessageBody=body.decode(), MessageAttributes=attributes)
+
+        async def dead_letters(count: int) -> list[tuple[str, str, str]]:
+            letters: list[tuple[str, str, str]] = []
+            async with asyncio.timeout(60):
+                while len(letters) < count:
+                    reply = await client.call("receive_message", QueueUrl=dlq_url, MaxNumberOfMessages=10,
+                                              WaitTimeSeconds=1, MessageAttributeNames=["All"])
+                    for raw in reply.get("Messages", []):
+                        headers = headers_of(raw.get("MessageAttributes"))
+                        letters.append((str(headers[CASE_HEADER]), str(headers["x-dead-letter-reason"]),
+                                        str(headers.get("x-dead-letter-detail", ""))))
+            return letters
+
+        matrix = await run_matrix(database_url, Broker(
+            queue=queue, settings={"broker_url": sqs_url(sqs_endpoint, visibility=30)}, send=send,
+            dead_letters=dead_letters, carry=_sqs_carry, receive_task=f"consumer-kit sqs poll {queue}",
+        ))
+        assert len(matrix) == 16 * 10
+    finally:
+        for url in (queue_url, dlq_url):
+            await client.call("delete_queue", QueueUrl=url)
+        await client.close()
