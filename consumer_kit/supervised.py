@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 logger = logging.getLogger("consumer_kit.supervised")
@@ -85,6 +85,11 @@ class Supervised:
     @property
     def finished(self) -> bool:
         return self._task is not None and self._task.done()
+
+    @property
+    def down(self) -> bool:
+        """Between a death and its restart (what makes readiness false)."""
+        return self._task is not None and not self._task.done() and not self.up
 
     async def stop(self) -> None:
         """Cancel the task and wait until it has ended."""
@@ -188,7 +193,7 @@ def find(name: str) -> list[Supervised]:
     return [task for task in list(_LIVE) if name in task.name]
 
 
-def all_running(tasks: Any) -> bool:
-    """``True`` when every :class:`Supervised` in ``tasks`` that has started is running or
-    finished its job (what an adapter's readiness adds)."""
-    return all(task.running or task.finished for task in tasks)
+def all_running(tasks: Iterable[Supervised]) -> bool:
+    """``True`` when no :class:`Supervised` in ``tasks`` is :attr:`~Supervised.down` (what an
+    adapter's readiness adds; a task not started yet or stopped is not down)."""
+    return not any(task.down for task in tasks)

@@ -114,7 +114,7 @@ class RabbitMQConsumer(Consumer):
         self._generation = 0  # +1 per connection: callbacks of an older one are ignored
         self._lost = asyncio.Event()
         self._lock = asyncio.Lock()  # one (re)start of connection or subscription at a time
-        self._supervisor: Supervised | None = None
+        self._supervisor = Supervised("consumer-kit rabbitmq supervisor", self._supervise)
         self._handlers: set[asyncio.Task[None]] = set()
         self._reconnecting = False
         self._paused = False
@@ -131,7 +131,7 @@ class RabbitMQConsumer(Consumer):
     @property
     def ready(self) -> bool:
         """True while the connection is up and not being re-created (readiness)."""
-        return self.connected and not self._reconnecting and all_running(self._supervised())
+        return self.connected and not self._reconnecting and all_running([self._supervisor])
 
     # -- Consumer API ------------------------------------------------------------------------
 
@@ -165,8 +165,7 @@ class RabbitMQConsumer(Consumer):
             connection = await self._ensure_connection()
             await subscription.open(connection)
             self._subscriptions[queue] = subscription
-        if self._supervisor is None:
-            self._supervisor = Supervised("consumer-kit rabbitmq supervisor", self._supervise).start()
+        self._supervisor.start()  # idempotent
         logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
 
     async def declare(self, queue: str) -> list[str]:
@@ -370,9 +369,4 @@ class RabbitMQConsumer(Consumer):
             await subscription.open(self._connection)
 
     async def _stop_supervisor(self) -> None:
-        supervised, self._supervisor = self._supervisor, None
-        if supervised is not None:
-            await supervised.stop()
-
-    def _supervised(self) -> list[Supervised]:
-        return [self._supervisor] if self._supervisor is not None else []
+        await self._supervisor.stop()

@@ -26,14 +26,13 @@ from consumer_kit.envelope import (
 )
 from consumer_kit.headers import OwnHeaders
 
-# The names are consumer-kit's (consumer_kit.headers), under this package's names.
-DELIVERIES_HEADER = own.DELIVERIES
-REDELIVERED_HEADER = own.REDELIVERED
-TRIMMED_HEADER = own.TRIMMED
-DEAD_LETTER_REASON_HEADER = own.DEAD_LETTER_REASON
-DEAD_LETTER_DETAIL_HEADER = own.DEAD_LETTER_DETAIL
-ORIGINAL_QUEUE_HEADER = own.ORIGINAL_QUEUE
-BROKER_COUNT_HEADER = own.BROKER_COUNT
+# consumer-kit's names (consumer_kit.headers), as this package calls them.
+DELIVERIES_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER, BROKER_COUNT_HEADER = (
+    own.DELIVERIES, own.REDELIVERED, own.TRIMMED, own.BROKER_COUNT,
+)
+DEAD_LETTER_REASON_HEADER, DEAD_LETTER_DETAIL_HEADER, ORIGINAL_QUEUE_HEADER = (
+    own.DEAD_LETTER_REASON, own.DEAD_LETTER_DETAIL, own.ORIGINAL_QUEUE,
+)
 
 DETAIL_MAX_CHARS = 1000
 """``x-dead-letter-detail`` is cut to this many characters (it is ours, and must fit a frame)."""

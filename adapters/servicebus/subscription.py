@@ -96,7 +96,7 @@ class EntityPump:
     @property
     def healthy(self) -> bool:
         """The receiver is open, its last receive worked and the loop is not down (readiness)."""
-        return self._receiver_healthy and (self._task is None or self._task.running)
+        return self._receiver_healthy and (self._task is None or not self._task.down)
 
     @healthy.setter
     def healthy(self, value: bool) -> None:

@@ -32,16 +32,15 @@ from consumer_kit.envelope import (
 MAX_ATTRIBUTES = 10
 """SQS's limit of message attributes per message."""
 
-# consumer-kit's names (consumer_kit.headers), under this package's names. The message id is the
+# consumer-kit's names (consumer_kit.headers), as this package calls them. The message id is the
 # stable one (the outbox event ID, or the producer's id) across copies: SQS gives every send a new
 # ``MessageId``.
-MESSAGE_ID_ATTRIBUTE = ck_headers.MESSAGE_ID
-DELIVERIES_ATTRIBUTE = ck_headers.DELIVERIES
-REDELIVERED_ATTRIBUTE = ck_headers.REDELIVERED
-PACKED_ATTRIBUTE = ck_headers.PACKED
-DEAD_LETTER_REASON_ATTRIBUTE = ck_headers.DEAD_LETTER_REASON
-DEAD_LETTER_DETAIL_ATTRIBUTE = ck_headers.DEAD_LETTER_DETAIL
-ORIGINAL_QUEUE_ATTRIBUTE = ck_headers.ORIGINAL_QUEUE
+MESSAGE_ID_ATTRIBUTE, DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE = (
+    ck_headers.MESSAGE_ID, ck_headers.DELIVERIES, ck_headers.REDELIVERED, ck_headers.PACKED,
+)
+DEAD_LETTER_REASON_ATTRIBUTE, DEAD_LETTER_DETAIL_ATTRIBUTE, ORIGINAL_QUEUE_ATTRIBUTE = (
+    ck_headers.DEAD_LETTER_REASON, ck_headers.DEAD_LETTER_DETAIL, ck_headers.ORIGINAL_QUEUE,
+)
 
 DETAIL_MAX_CHARS = 1000
 """``x-dead-letter-detail`` is cut to this many characters."""

@@ -55,7 +55,7 @@ class Heartbeat:
         self._client = client
         self.enabled = enabled
         self._held: set[SQSDelivery] = set()
-        self._task: Supervised | None = None
+        self._task = Supervised("consumer-kit sqs heartbeat", self._beat)
         self._warned_12h: set[SQSDelivery] = set()
         self._failing = False
         self.extensions = 0
@@ -64,8 +64,8 @@ class Heartbeat:
     def hold(self, delivery: SQSDelivery) -> None:
         """Keep ``delivery`` locked until :meth:`drop`."""
         self._held.add(delivery)
-        if self.enabled and self._task is None:
-            self._task = Supervised("consumer-kit sqs heartbeat", self._beat).start()
+        if self.enabled:
+            self._task.start()  # idempotent
 
     def drop(self, delivery: SQSDelivery) -> None:
         """Stop extending ``delivery`` (it was settled, or handed back unsettled)."""
@@ -97,13 +97,11 @@ class Heartbeat:
         return True
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            await task.stop()
+        await self._task.stop()
 
     def supervised(self) -> list[Supervised]:
-        """The heartbeat's task, once started (readiness)."""
-        return [self._task] if self._task is not None else []
+        """The heartbeat's task (readiness)."""
+        return [self._task]
 
     # -- the beat ----------------------------------------------------------------------------
 
