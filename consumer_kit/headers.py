@@ -293,7 +293,10 @@ def read(raw: Mapping[Any, Any]) -> OwnHeaders:
         return _read(raw)
     except Exception as exc:  # noqa: BLE001 - the codec must never stop a receive loop
         logger.error("reading headers failed (%s): the delivery is invalid_header", type(exc).__name__)
-        headers = Headers(raw)
+        try:
+            headers = Headers(raw)
+        except Exception:  # noqa: BLE001 - not even a copy: the delivery is dead-lettered as it is
+            headers = Headers()
         headers.fault = f"headers could not be read ({type(exc).__name__})"
         return OwnHeaders(headers=headers, fault=headers.fault)
 
