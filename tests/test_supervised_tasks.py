@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Any
 
 import pytest
 
@@ -145,3 +146,60 @@ async def _create_tables(database_url: str, schema: str) -> None:
 
 
 
+
+
+# -- the one guard around building a delivery -------------------------------------------------------
+
+
+def test_build_delivery_turns_any_failure_into_the_adapters_dead_letter(caplog: pytest.LogCaptureFixture) -> None:
+    from consumer_kit.broker import build_delivery
+
+    def unmappable() -> Any:
+        raise RecursionError("maximum recursion depth exceeded (payload text)")
+
+    fallbacks: list[str] = []
+    assert build_delivery(unmappable, unbuildable=fallbacks.append, what="queue=q message_id=m") is None
+    assert fallbacks == ["the message could not be mapped (RecursionError)"]  # no exception text
+    assert "queue=q message_id=m" in caplog.text
+
+    def failing_fallback(_detail: str) -> None:
+        raise OSError("broker gone")
+
+    assert build_delivery(unmappable, unbuildable=failing_fallback, what="queue=q") is None  # never raises
+
+
+async def test_a_message_the_memory_adapter_cannot_map_is_dead_lettered_and_the_next_runs() -> None:
+    from adapters.memory import MemoryConsumer, StoredMessage
+
+    class Unmappable(StoredMessage):
+        @property  # type: ignore[override]
+        def deliveries(self) -> int:
+            raise ValueError("cannot map")
+
+        @deliveries.setter
+        def deliveries(self, value: int) -> None:
+            raise ValueError("cannot map")
+
+    broker = get_broker(f"memory://guard-{uuid.uuid4().hex[:8]}")
+    consumer = MemoryConsumer(broker)
+    received: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def callback(delivery: Any) -> None:
+        received.put_nowait(delivery)
+        await delivery.ack()
+
+    bad = StoredMessage(b"{}", "bad", {})
+    bad.__class__ = Unmappable  # its broker-side count now fails, as a mapping that raises would
+    broker._outstanding += 1
+    broker._enqueue("guarded", bad)
+    broker.send("guarded", b"{}", message_id="good")
+    await consumer.subscribe("guarded", callback, prefetch=2)
+    try:
+        delivery = await asyncio.wait_for(received.get(), 10)
+        assert delivery.message_id == "good"
+        [dead] = broker.dead_letters("guarded")
+        assert (dead.message.message_id, dead.reason) == ("bad", "invalid_header")
+        assert "ValueError" in dead.detail
+        assert consumer.ready and [t.deaths for t in supervised.find("memory-pump:guarded")] == [0]
+    finally:
+        await consumer.close()

@@ -161,14 +161,14 @@ class _SessionSlot:
                     return
             if not messages:
                 return  # the session is empty for now: take another one
-            message = messages[0]
+            message, why = messages[0], list[str]()
             delivery = build_delivery(
                 functools.partial(ServiceBusDelivery, message, route, settle_timeout=self._context.settle_timeout),
-                unbuildable=lambda _detail: None,
+                unbuildable=why.append,
                 what=f"queue={self.entity.path} session={lock.session_id} sequence_number={message.sequence_number}",
             )
             if delivery is None:  # in order: dead-letter it before the session's next message
-                await dead_letter_raw(route, message, "the message could not be mapped", self._context.settle_timeout)
+                await dead_letter_raw(route, message, why[0], self._context.settle_timeout)
                 continue
             self._current = delivery
             self._context.dispatch(delivery, self._callback)
