@@ -7,6 +7,9 @@ Delivery count (``Delivery.delivery_count``)::
     this_copy      = headers["x-delivery-count"] + 1   on a quorum queue (absent on the 1st delivery)
                    = 2 if redelivered else 1           on a classic queue (a lower bound)
 
+Both counts are read by consumer-kit's one codec (:func:`consumer_kit.headers.read`): a value that
+is not a count in range (a double, 2^63 as text, a nested array) is ignored, never believed.
+
 A copy consumer-kit republishes (retry, release, dead-letter) is a new message for the broker,
 whose own count restarts, so the copy carries the deliveries before it in
 ``x-consumer-kit-deliveries``; the broker-owned ``x-delivery-count`` is never copied.
