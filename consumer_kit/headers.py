@@ -315,16 +315,14 @@ def unpack(raw: Mapping[Any, Any]) -> dict[Any, Any]:
 
 def _read(raw: Mapping[Any, Any]) -> OwnHeaders:
     headers = Headers(unpack(raw))
-    by_name = _Index(headers)
+    own = _own_values(headers)
     fault: str | None = None
     ignored: list[str] = []
-    if by_name.get(PACKED) is not None:
+    if PACKED in own:
         fault = f"header {PACKED} is not a JSON object of text values"
-    for spec in SPECS:
-        if spec.kind == "packed":
-            continue
-        value = by_name.get(spec.name)
-        if value is None or is_valid(spec, value):
+    for name, value in own.items():
+        spec = SPEC_BY_NAME[name]
+        if spec.kind == "packed" or value is None or is_valid(spec, value):
             continue
         if spec.invalid:
             fault = fault or f"header {spec.name} is not a valid {_describe(spec)}"
@@ -334,34 +332,38 @@ def _read(raw: Mapping[Any, Any]) -> OwnHeaders:
     if ignored:
         logger.info("ignored malformed header(s) %s", ",".join(ignored))
     headers.fault = fault
-    message_id = read_text(by_name.get(MESSAGE_ID), 512)
+    message_id = read_text(own.get(MESSAGE_ID), 512)
     return OwnHeaders(
         headers=headers,
-        deliveries_before=read_count(by_name.get(DELIVERIES)) or 0,
-        broker_count=read_count(by_name.get(BROKER_COUNT)),
-        suspect=read_flag(by_name.get(REDELIVERED)) is True,
+        deliveries_before=read_count(own.get(DELIVERIES)) or 0,
+        broker_count=read_count(own.get(BROKER_COUNT)),
+        suspect=read_flag(own.get(REDELIVERED)) is True,
         message_id=message_id or None,
         fault=fault,
         ignored=tuple(ignored),
     )
 
 
-class _Index:
-    """:func:`lookup` over one mapping, many names: the case-insensitive index is built once."""
+_SPEC_BY_LOWER = {spec.name.lower(): spec.name for spec in SPECS}
 
-    def __init__(self, headers: Mapping[Any, Any]) -> None:
-        self._headers = headers
-        self._lowered: dict[str, Any] | None = None
 
-    def get(self, name: str) -> Any:
-        if name in self._headers:
-            return self._headers[name]
-        if self._lowered is None:
-            self._lowered = {}
-            for key, value in self._headers.items():
-                if isinstance(key, str):
-                    self._lowered.setdefault(key.lower(), value)
-        return self._lowered.get(name.lower())
+def _own_values(headers: Mapping[Any, Any]) -> dict[str, Any]:
+    """The values of the headers in :data:`SPECS`, by their names, found as :func:`lookup` finds
+    them (the exact name first, else the first equal ignoring case), in one pass."""
+    found: dict[str, Any] = {}
+    exact: set[str] = set()
+    for key, value in headers.items():
+        if not isinstance(key, str):
+            continue
+        name = _SPEC_BY_LOWER.get(key.lower())
+        if name is None or name in exact:
+            continue
+        if key == name:
+            found[name] = value
+            exact.add(name)
+        elif name not in found:
+            found[name] = value
+    return found
 
 
 def _describe(spec: Spec) -> str:
