@@ -196,16 +196,17 @@ PROBE_TIMEOUT_MS = 5_000
 async def probe_claims(db_url: str, schema: str, *, ordered: bool, batch: int,
                        pgoptions: str | None = None) -> dict[str, Any]:
     """Time ``PROBES`` claims of ``batch`` rows from a fresh cursor: the relay's claim statement
-    with the planner settings the store gives it (``_PLAN_BY_INDEX_ORDER``, when it has them) in
+    with the planner settings the store gives it (``PLAN_BY_INDEX_ORDER``) in
     a session like the relay's (``pgoptions``), each in a transaction that is rolled back so the
     backlog is untouched; and EXPLAIN one of them. A probe is cut at ``PROBE_TIMEOUT_MS``
     (reported as ``None``; the plan is then EXPLAINed without ANALYZE)."""
+    from outbox_relay import statements
     from outbox_relay import store as store_module
 
     s = store_module.OutboxStore(schema, relay_id="probe", max_attempts=10, claim_timeout=30.0,
                                  backoff_base=1.0, backoff_max=60.0)
     query = s._claim_ordered_from_start if ordered else s._claim_unordered
-    settings = list(getattr(store_module, "_PLAN_BY_INDEX_ORDER", []))
+    settings = list(statements.PLAN_BY_INDEX_ORDER)
     start = store_module._FROM_START
     window = max(4 * batch, 100)
     params = {"relay_id": "probe", "lease": 30.0, "max_attempts": 10, "limit": batch, "keys": window,

@@ -231,7 +231,7 @@ def explain_claim(db_url: str, schema: str) -> str:
         "body_keep": None, "key_keep": None,
     }
     with psycopg.connect(db_url) as conn:
-        query = b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + ledger._claim  # rendered bytes
+        query = b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + ledger._sql.claim  # rendered bytes
         rows = conn.execute(query, params).fetchall()
         conn.rollback()
     return "\n".join(r[0] for r in rows)

@@ -17,10 +17,12 @@ from consumer_kit.errors import (
     PermanentFailure,
     RetryableError,
 )
-from consumer_kit.handler import Context, Handler, Result
-from consumer_kit.identity import OperationIdentity, canonical_json, fingerprint
+from consumer_kit.handler import Context, Handler
+from consumer_kit.identity import canonical_json, fingerprint
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
+from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.outbox import OutboxWriter
-from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
 from consumer_kit.settings import Settings
 from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
 

@@ -1,3 +1,3 @@
-from consumer_kit.cli import main
+from consumer_kit.cli.main import main
 
 main()

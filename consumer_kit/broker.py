@@ -10,24 +10,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import datetime as dt
-import enum
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.model.settlement import Settlement as Settlement
 
 logger = logging.getLogger("consumer_kit.broker")
-
-
-class Settlement(enum.StrEnum):
-    """How a delivery was finished."""
-
-    ACK = "ack"
-    RETRY = "retry"
-    DEAD_LETTER = "dead_letter"
-    RELEASED = "released"  # given back uncounted (shutdown, environment fault, isolation)
 
 
 class Delivery(abc.ABC):
@@ -357,127 +348,11 @@ class Publisher(abc.ABC):
     async def close(self) -> None: ...
 
 
-# -- dead-letter queues (consumer-kit dlq) -----------------------------------------------------------
+# -- dead-letter queues (consumer-kit dlq): defined in consumer_kit.dead_letters, re-exported here --
 
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """One message in a dead-letter queue, as ``consumer-kit dlq list`` shows it.
-
-    Attributes:
-        queue: the work queue it was dead-lettered from (and is redriven to).
-        message_id: the message id consumer-kit saw (an event id for relayed events).
-        reason: consumer-kit's machine-readable reason (``payload_conflict``,
-            ``max_deliveries:RetryableError``, ...) or ``broker:<the broker's own>`` where the
-            broker moved it (RabbitMQ ``x-death``, SQS redrive, Service Bus's ``MaxDeliveryCountExceeded``).
-        detail: the human-readable detail ("" where none); never payload content.
-        delivery_count: deliveries before it was dead-lettered (0 where unknown).
-        dead_lettered_at: when it reached the dead-letter queue (aware UTC), where the broker says.
-        enqueued_at: when the broker first accepted the message (aware UTC), where it says.
-        operation_key: header ``operation-id`` (``consumer-kit dlq --app`` computes keys that
-            handlers derive from the body).
-        headers: the application headers, dead-letter ones included.
-        body: the raw body (bytes); shown only with ``--show-body``.
-    """
-
-    queue: str
-    message_id: str | None
-    reason: str
-    detail: str
-    delivery_count: int
-    dead_lettered_at: dt.datetime | None
-    enqueued_at: dt.datetime | None
-    operation_key: str | None
-    headers: Mapping[str, Any]
-    body: bytes
-
-
-def header_text(value: Any) -> str:
-    """A header value as a dead-letter listing shows it: bytes decoded as UTF-8 (bad bytes
-    replaced), ``None`` as ``""``, anything else ``str()``."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def header_count(value: Any) -> int:
-    """A count carried in a header or a broker attribute (a string, bytes or an int); 0 when it
-    is missing, negative or not a whole number."""
-    try:
-        return max(0, int(header_text(value)))
-    except ValueError:
-        return 0
-
-
-@dataclass
-class RedriveReport:
-    """What a redrive did: messages ``redriven`` (or, in a dry run, that would be), ``kept``
-    (not selected, left in the dead-letter queue) and ``failed`` (the copy was refused; left)."""
-
-    redriven: int = 0
-    kept: int = 0
-    failed: int = 0
-
-
-RedriveProgress = Callable[[DeadLetter, bool], None]
-"""Called after each message a redrive looked at, with ``True`` when it was (or would be) moved."""
-
-
-class DeadLetterQueues:
-    """The dead-letter side of a broker: list a work queue's dead letters and move them back.
-
-    An adapter provides it as ``dead_letters_from_settings(settings)`` in its module (found through
-    the ``consumer_kit.brokers`` entry points, :func:`consumer_kit.brokers.open_dead_letters`);
-    a broker without one gets this base class, whose every method raises
-    :class:`~consumer_kit.errors.ConfigurationError` ("not supported").
-
-    **Redrive contract.** A redriven message goes back to its work queue with the same body, message
-    id and operation headers (so the same operation key: a redrive of an operation already done is
-    answered as a duplicate, a resolved one replays its resolution), without the dead-letter
-    headers, and with its delivery count starting again; it is sent (and confirmed) before it is
-    removed from the dead-letter queue, so a crash in between redrives it twice, which the ledger
-    answers as a duplicate. Messages not selected stay where they are. The ledger's attempt count
-    is kept: a redriven message whose handler fails again is dead-lettered at its next failure.
-    """
-
-    async def count(self, queue: str) -> int:
-        """Messages in ``queue``'s dead-letter queue now (the broker's count; may lag).
-
-        Raises:
-            ConfigurationError: not supported by this broker, or the queue has no dead-letter queue.
-            ConnectionError: the broker cannot be reached.
-        """
-        raise self._unsupported(queue)
-
-    async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters of the work queue ``queue``, oldest first, without removing
-        any (each stays where it was; a broker without a peek counts one more receive).
-
-        Raises:
-            ConfigurationError: not supported by this broker, or the queue has no dead-letter queue.
-            ConnectionError: the broker cannot be reached.
-        """
-        raise self._unsupported(queue)
-
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
-        """Move the dead letters of ``queue`` that ``select`` accepts back to ``queue`` (contract in
-        the class docstring); with ``dry_run``, only count them. Looks at each message that is in
-        the dead-letter queue when it starts, once.
-
-        Raises:
-            ConfigurationError: not supported by this broker, or the queue has no dead-letter queue.
-            ConnectionError: the broker cannot be reached.
-        """
-        raise self._unsupported(queue)
-
-    async def close(self) -> None:
-        """Close connections."""
-
-    def _unsupported(self, queue: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"listing and redriving dead letters is not supported by this broker ({type(self).__name__}); "
-            f"read the dead-letter queue of {queue!r} with the broker's own tools"
-        )
+from consumer_kit.dead_letters import DeadLetter as DeadLetter  # noqa: E402 - re-exports, kept apart
+from consumer_kit.dead_letters import DeadLetterQueues as DeadLetterQueues  # noqa: E402
+from consumer_kit.dead_letters import RedriveProgress as RedriveProgress  # noqa: E402
+from consumer_kit.dead_letters import RedriveReport as RedriveReport  # noqa: E402
+from consumer_kit.dead_letters import header_count as header_count  # noqa: E402
+from consumer_kit.dead_letters import header_text as header_text  # noqa: E402

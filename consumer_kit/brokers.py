@@ -1,9 +1,10 @@
 """Find the adapter for a broker URL through the ``consumer_kit.brokers`` entry points.
 
 The core never imports an adapter: ``amqp://`` maps to the module registered under ``amqp``
-(``adapters.rabbitmq``), ``memory://`` to ``adapters.memory``. An adapter module provides
-``consumer_from_settings(settings)`` and ``publisher_from_settings(settings)``, and may provide
-``dead_letters_from_settings(settings)`` (``consumer-kit dlq``).
+(``adapters.rabbitmq``), ``memory://`` to ``adapters.memory``. What an adapter module provides is
+:class:`BrokerAdapter` (two factories), and, for ``consumer-kit dlq``, :class:`DeadLetterAdapter`
+(a third); each factory takes the worker's (or the relay's) :class:`~consumer_kit.settings.Settings`.
+A module that lacks a required factory is refused when it is loaded.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 from types import ModuleType
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlparse
 
 from consumer_kit.broker import Consumer, DeadLetterQueues, Publisher
@@ -20,12 +21,33 @@ from consumer_kit.settings import Settings
 
 GROUP = "consumer_kit.brokers"
 
+REQUIRED = ("consumer_from_settings", "publisher_from_settings")
+"""The factories every adapter module has (:class:`BrokerAdapter`)."""
+
+
+class BrokerAdapter(Protocol):
+    """What an adapter module registered under ``consumer_kit.brokers`` provides: module-level
+    factories that build its consumer and its publisher from consumer-kit's settings (the relay
+    passes its ``RelaySettings``, a :class:`Settings`). Each factory may raise
+    :class:`ConfigurationError` for a URL or setting it cannot use."""
+
+    def consumer_from_settings(self, settings: Settings, /) -> Consumer: ...
+
+    def publisher_from_settings(self, settings: Settings, /) -> Publisher: ...
+
+
+class DeadLetterAdapter(BrokerAdapter, Protocol):
+    """An adapter that also lists and redrives dead letters (``consumer-kit dlq``)."""
+
+    def dead_letters_from_settings(self, settings: Settings, /) -> DeadLetterQueues: ...
+
 
 def adapter_for(url: str) -> ModuleType:
-    """The adapter module for ``url``'s scheme.
+    """The adapter module for ``url``'s scheme, checked to provide :class:`BrokerAdapter`.
 
     Raises:
-        ConfigurationError: unknown scheme, or the adapter's SDK is not installed (names the extra).
+        ConfigurationError: unknown scheme, the adapter's SDK is not installed (names the extra),
+            or the module registered for the scheme lacks a factory (names it).
     """
     scheme = urlparse(url).scheme
     found = [ep for ep in entry_points(group=GROUP) if ep.name == scheme]
@@ -33,27 +55,52 @@ def adapter_for(url: str) -> ModuleType:
         known = sorted({ep.name for ep in entry_points(group=GROUP)})
         raise ConfigurationError(f"no broker adapter for scheme {scheme!r} (known: {', '.join(known)})")
     try:
-        return importlib.import_module(found[0].value)
+        module = importlib.import_module(found[0].value)
     except ImportError as exc:
         raise ConfigurationError(
             f"the {scheme!r} adapter needs an extra: pip install 'consumer-kit[{_extra(scheme)}]' ({exc})"
         ) from exc
+    check_adapter(module, scheme)
+    return module
+
+
+def check_adapter(module: ModuleType, scheme: str) -> BrokerAdapter:
+    """``module`` as a :class:`BrokerAdapter`, once it is seen to have each factory in
+    :data:`REQUIRED` (callable).
+
+    Raises:
+        ConfigurationError: a factory is missing or not callable (names the module and the factory).
+    """
+    missing = [name for name in REQUIRED if not callable(getattr(module, name, None))]
+    if missing:
+        raise ConfigurationError(
+            f"the broker adapter {module.__name__!r} (entry point {GROUP}: {scheme}) provides no "
+            f"{' and no '.join(f'{name}(settings)' for name in missing)}"
+        )
+    return cast(BrokerAdapter, module)
 
 
 def open_consumer(settings: Settings) -> Consumer:
-    return cast(Consumer, adapter_for(settings.broker_url).consumer_from_settings(settings))
+    """The adapter's ``consumer_from_settings(settings)`` (raises as :func:`adapter_for` and the factory)."""
+    return _adapter(settings).consumer_from_settings(settings)
 
 
 def open_publisher(settings: Settings) -> Publisher:
-    return cast(Publisher, adapter_for(settings.broker_url).publisher_from_settings(settings))
+    """The adapter's ``publisher_from_settings(settings)`` (raises as :func:`adapter_for` and the factory)."""
+    return _adapter(settings).publisher_from_settings(settings)
 
 
 def open_dead_letters(settings: Settings) -> DeadLetterQueues:
     """The adapter's ``dead_letters_from_settings(settings)``, or :class:`DeadLetterQueues` (every
     method raises "not supported") for an adapter without one."""
-    adapter = adapter_for(settings.broker_url)
-    factory = getattr(adapter, "dead_letters_from_settings", None)
-    return DeadLetterQueues() if factory is None else cast(DeadLetterQueues, factory(settings))
+    adapter = _adapter(settings)
+    if not callable(getattr(adapter, "dead_letters_from_settings", None)):
+        return DeadLetterQueues()
+    return cast(DeadLetterAdapter, adapter).dead_letters_from_settings(settings)
+
+
+def _adapter(settings: Settings) -> BrokerAdapter:
+    return cast(BrokerAdapter, adapter_for(settings.broker_url))  # adapter_for checked it
 
 
 def _extra(scheme: str) -> str:

@@ -22,7 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit import prepared
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.faults import StatementTimeout
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.redaction import redact, redact_url
+from consumer_kit.settings import Settings
 
 BEGIN = b"BEGIN"
 ROLLBACK = b"ROLLBACK"
@@ -158,4 +159,5 @@ async def _check_reachable(database_url: str) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    """The first line of a driver error, secrets masked: libpq may quote the DSN it refused."""
+    return redact((str(exc).strip().splitlines() or [type(exc).__name__])[0])[:300]

@@ -7,7 +7,8 @@ never inside). Shared by the transactional and the leased path.
 from __future__ import annotations
 
 from consumer_kit.broker import Settlement
-from consumer_kit.outcomes import Outcome, StoredResult
+from consumer_kit.model.outcomes import Outcome
+from consumer_kit.model.results import StoredResult
 
 
 class Decision:

@@ -8,10 +8,9 @@ touched the database yet.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from consumer_kit import strict_json
 from consumer_kit.app import App
@@ -23,29 +22,17 @@ from consumer_kit.envelope import (
 )
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from consumer_kit.handler import Handler
-from consumer_kit.identity import (
-    MAX_SCOPE_PART_LENGTH,
-    OperationIdentity,
-    UnsupportedNumber,
-    normalize_key,
-)
+from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, UnsupportedNumber, normalize_key
+from consumer_kit.model.decoded import Decoded
+from consumer_kit.model.identity import OperationIdentity
+
+DecodedDelivery: TypeAlias = Decoded[Handler[Any]]
+"""A delivery decoded for one of the app's handlers: what the pipeline runs."""
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a larger body is dead-lettered as invalid_json before parsing
 
 
-@dataclass(frozen=True)
-class Decoded:
-    """A delivery that passed steps 2 and 3: its handler, validated message and identity, its
-    ordering key (``None``: unordered) and when its operation was created (``None``: unknown)."""
-
-    handler: Handler[Any]
-    message: BaseModel
-    identity: OperationIdentity
-    partition_key: str | None = None
-    operation_time: dt.datetime | None = None
-
-
-def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
+def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> DecodedDelivery:
     """Route, parse and validate ``body`` and compute scope, key and fingerprint.
 
     Raises:
@@ -91,7 +78,7 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> Decoded:
         fingerprint=message_fingerprint,
         projection_version=handler.projection_version,
     )
-    return Decoded(
+    return DecodedDelivery(
         handler, message, identity, handler.partition_key(message, envelope), operation_time(envelope)
     )
 

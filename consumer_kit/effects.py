@@ -19,12 +19,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from consumer_kit.ledger.evidence import EvidenceRecord
+from consumer_kit.model.evidence import EvidenceRecord
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-    from consumer_kit.handler import Result
+    from consumer_kit.model.results import Result
 
 
 class Evidence(Sequence[EvidenceRecord]):

@@ -1,5 +1,5 @@
 """Embedded PostgreSQL (the ``pgserver`` package): ``CONSUMER_KIT_DATABASE_URL=embedded``, and
-in-process runs (``consumer-kit demo``, tests on ``memory://``) that set no URL.
+in-process runs (the demo, tests on ``memory://``) that set no URL.
 
 pgserver ships PostgreSQL 16 binaries in its wheel, initialises a data directory and starts a
 server on a Unix socket (URL ``postgresql://postgres:@/postgres?host=<dir>``). Run as root, it

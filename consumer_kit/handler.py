@@ -23,7 +23,6 @@ import inspect
 import typing
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from psycopg import AsyncConnection
@@ -32,26 +31,14 @@ from pydantic import BaseModel
 from consumer_kit.effects import Evidence, LeaseHooks, Reconciled
 from consumer_kit.envelope import DEFAULT_TENANT, PARTITION_KEY_HEADER, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
-from consumer_kit.identity import OperationIdentity, downstream_key, fingerprint_of
-from consumer_kit.ledger.operations import Retention
-from consumer_kit.outbox import PendingEvent, pending_event
+from consumer_kit.identity import downstream_key, fingerprint_of
+from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.results import Result
+from consumer_kit.model.retention import Retention
+from consumer_kit.outbox import pending_event
 
 M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a handler reports; stored in the ledger and replayed to duplicates.
-
-    Attributes:
-        status: short status such as ``"created"`` (<= 200 characters).
-        reference: reference to the effect, e.g. the new row's id (<= 500 characters).
-        body: small JSON-compatible body (kept until the result-body retention ends).
-    """
-
-    status: str = "ok"
-    reference: str | None = None
-    body: Any = None
 
 
 class Context:

@@ -20,7 +20,6 @@ import math
 import unicodedata
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,27 +32,6 @@ exponent within +/- this many places (``Decimal("1E+5000")`` is refused)."""
 
 MAX_KEY_LENGTH = 512  # characters; a longer key is rejected, never truncated (truncation merges keys)
 MAX_SCOPE_PART_LENGTH = 200
-
-
-@dataclass(frozen=True)
-class OperationIdentity:
-    """Who an operation is: ``scope`` + ``key`` identify it, ``fingerprint`` says what it intends."""
-
-    tenant: str
-    operation_type: str
-    version: int
-    key: str
-    fingerprint: str
-    projection_version: int
-
-    @property
-    def scope(self) -> str:
-        return make_scope(self.tenant, self.operation_type, self.version)
-
-
-def make_scope(tenant: str, operation_type: str, version: int) -> str:
-    """``"<tenant>/<operation_type>/v<version>"``, e.g. ``"acme/invoice.create/v1"``."""
-    return f"{tenant}/{operation_type}/v{version}"
 
 
 def normalize_key(raw: object, *, what: str = "operation key") -> str:

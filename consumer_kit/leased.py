@@ -40,13 +40,16 @@ from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded
 from consumer_kit.decision import Decision
-from consumer_kit.decoding import Decoded
+from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.effects import Evidence, Reconciled, Verdict
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import DeadLetterReason, LeaseLost, PermanentFailure, SimulatedCrash
-from consumer_kit.handler import Context, Result
-from consumer_kit.ledger import FAILED, NEEDS_RECONCILIATION, EvidenceBook, Fence, Ledger, OperationRow
-from consumer_kit.outcomes import Outcome, StoredResult
+from consumer_kit.handler import Context
+from consumer_kit.ledger import EvidenceBook, Ledger
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.operation_row import FAILED, NEEDS_RECONCILIATION, OperationRow
+from consumer_kit.model.outcomes import Outcome
+from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import note_events, note_evidence, step
 from consumer_kit.transaction import (

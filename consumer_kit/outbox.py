@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.telemetry.tracing import inject_into
 
 NOTIFY_CHANNEL_SUFFIX = "_outbox"
@@ -139,23 +139,6 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel the outbox trigger signals on: ``"<schema>_outbox"``."""
     return schema + NOTIFY_CHANNEL_SUFFIX
-
-
-@dataclass(frozen=True)
-class PendingEvent:
-    """An event a handler published, written to the outbox with the ledger's completion.
-
-    ``payload`` and ``headers`` are JSON text, serialised when the handler called ``publish`` so
-    that an unserialisable event fails there, in the handler, not at COMMIT time.
-    """
-
-    event_id: uuid.UUID
-    destination: str
-    routing_key: str
-    message_type: str
-    partition_key: str | None
-    payload: str
-    headers: str
 
 
 MAX_EVENT_HEADERS_BYTES = 16 * 1024

@@ -45,14 +45,14 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import crashpoints
-from consumer_kit import ledger as ledger_states
 from consumer_kit.admission import Admission, GiveBack
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded, open_pool
 from consumer_kit.decision import Decision
-from consumer_kit.decoding import Decoded, decode
+from consumer_kit.decoding import DecodedDelivery as Decoded
+from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
     DeadLetterReason,
@@ -62,11 +62,16 @@ from consumer_kit.errors import (
 )
 from consumer_kit.faults import FaultKind, StatementTimeout, classify
 from consumer_kit.handler import Context
-from consumer_kit.identity import OperationIdentity, UnsupportedNumber
+from consumer_kit.identity import UnsupportedNumber
 from consumer_kit.lanes import Lanes
 from consumer_kit.leased import LeasedPath
-from consumer_kit.ledger import AttemptBook, AttemptCounts, Fence, Ledger, OperationRow
-from consumer_kit.outcomes import DeliveryReport, Outcome, StoredResult
+from consumer_kit.ledger import AttemptBook, AttemptCounts, Ledger
+from consumer_kit.model import operation_row as ledger_states
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import OperationRow
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
+from consumer_kit.model.results import StoredResult
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import (
     Counters,

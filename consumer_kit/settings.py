@@ -24,13 +24,13 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Self
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.redaction import redact_url
 
 ENV_PREFIX = "CONSUMER_KIT_"
 EMBEDDED = "embedded"
@@ -97,7 +97,7 @@ class DatabaseSettings(BaseSettings):
         "PostgreSQL URL, or 'embedded' for an embedded PostgreSQL (pgserver) under"
         " embedded_data_dir. Unset: the worker, the relay and migrate refuse to start, so a"
         " forgotten URL never puts real messages into a throwaway database; in-process runs"
-        " (consumer-kit demo, tests with memory://) use the embedded one.",
+        " (the demo, tests with memory://) use the embedded one.",
     )
     db_schema: str = example("consumer_kit", "Schema of the ledger and outbox.", default="consumer_kit")
     embedded_data_dir: Path = Field(
@@ -350,15 +350,3 @@ def unknown_variables(known: set[str], environ: Mapping[str, str] | None = None)
         if match:
             found.append(f"{key} (did you mean {match[0]}?)")
     return found
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for logs and error messages)."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<unparsable URL>"
-    if password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{password}@", ":***@", 1)))

@@ -20,8 +20,7 @@ from consumer_kit import prepared
 from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
 from consumer_kit.errors import RetryableError
 from consumer_kit.faults import StatementTimeout
-from consumer_kit.handler import Result
-from consumer_kit.outcomes import StoredResult
+from consumer_kit.model.results import Result, StoredResult
 
 T = TypeVar("T")
 

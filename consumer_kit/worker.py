@@ -36,9 +36,10 @@ from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
-from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.model.outcomes import DeliveryReport
+from consumer_kit.redaction import redact_url
 from consumer_kit.runtime import Runtime
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised
 from consumer_kit.telemetry.gauges import watch_paused
 from consumer_kit.telemetry.metrics import record_pause

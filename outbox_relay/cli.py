@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import psycopg
 import typer
 
-from consumer_kit.console import (
+from consumer_kit.cli.console import (
     Embedded,
     LibraryLogLevel,
     LogFormat,

@@ -1,13 +1,16 @@
-"""Helpers shared by the relay loop and its LISTEN connection: retry logging and quiet closing."""
+"""Connecting to PostgreSQL for the relay loop and its LISTEN connection: one attempt, attempts with
+backoff until a stop, retry logging and quiet closing."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
-from tenacity import RetryCallState
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 logger = logging.getLogger("outbox_relay")
 
@@ -41,4 +44,46 @@ async def close_quietly(conn: AsyncConnection[Any]) -> None:
     try:
         await conn.close()
     except Exception:  # noqa: BLE001 - the connection is going away either way
+        pass
+
+
+async def open_connection(database_url: str) -> AsyncConnection[Any]:
+    """One attempt at the relay's autocommit connection (10 s connect timeout).
+
+    Raises:
+        psycopg.OperationalError: refused or unreachable.
+    """
+    return await AsyncConnection.connect(
+        database_url, autocommit=True, connect_timeout=10, application_name="outbox-relay"
+    )
+
+
+async def connect_until_stopped(database_url: str, stop: asyncio.Event) -> AsyncConnection[Any]:
+    """:func:`open_connection`, retried with exponential backoff (0.2 s doubling up to 10 s,
+    tenacity) until it works or ``stop`` is set.
+
+    Raises:
+        psycopg.OperationalError: still failing when ``stop`` was set.
+    """
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(psycopg.OperationalError),
+        wait=wait_exponential(multiplier=0.2, max=10.0),
+        stop=lambda _state: stop.is_set(),
+        sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
+        before_sleep=log_retry("database connect"),
+        reraise=True,
+    )
+    conn: AsyncConnection[Any] | None = None
+    async for attempt in retrying:
+        with attempt:
+            conn = await open_connection(database_url)
+    assert conn is not None
+    return conn
+
+
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less when ``stop`` is set meanwhile."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
         pass

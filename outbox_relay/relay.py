@@ -29,37 +29,35 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import psycopg
-from opentelemetry import propagate
-from psycopg import AsyncConnection, sql
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from psycopg import AsyncConnection
 
-from consumer_kit import crashpoints
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.broker import Publisher
 from consumer_kit.embedded import database_url as resolve_database_url
-from consumer_kit.errors import ConfigurationError, SimulatedCrash
+from consumer_kit.errors import ConfigurationError
 from consumer_kit.faults import FaultKind, classify
 from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
-from consumer_kit.settings import Settings, redact_url
+from consumer_kit.redaction import redact_url
+from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
-from consumer_kit.telemetry.metrics import record_published
-from consumer_kit.telemetry.tracing import mark_failed, producer_span
 from outbox_relay.counters import RelayCounters
 from outbox_relay.listener import NotifyListener
-from outbox_relay.reconnect import close_quietly, connect_error, log_retry
-from outbox_relay.routing import Routing, UnknownDestination
+from outbox_relay.publishing import RowPublisher
+from outbox_relay.reconnect import (
+    close_quietly,
+    connect_error,
+    connect_until_stopped,
+    open_connection,
+    sleep_unless_stopped,
+)
+from outbox_relay.routing import Routing
 from outbox_relay.settings import RelaySettings
-from outbox_relay.store import ClaimedRow, Failure, OutboxStore
+from outbox_relay.store import OutboxStore
 
 logger = logging.getLogger("outbox_relay")
 
 _BACKOFF_FIRST = 0.5  # seconds between tries while the database is unavailable, doubling
 _BACKOFF_MAX = 5.0
-
-REQUIRED_MIGRATION = 102
-"""The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
-
 
 @runtime_checkable
 class _Connectable(Protocol):
@@ -104,6 +102,7 @@ class Relay:
         )
         self._publisher = publisher
         self._owns_publisher = publisher is None
+        self._rows: RowPublisher | None = None  # step 2 of a pass, once the publisher is open
         self._database_url: str | None = None
         self._conn: AsyncConnection[Any] | None = None
         self._listener: NotifyListener | None = None
@@ -160,12 +159,12 @@ class Relay:
     async def _start(self, listen: bool) -> None:
         self._database_url = resolve_database_url(self.settings)
         try:
-            self._conn = await self._open_connection()
+            self._conn = await open_connection(self._database_url)
         except psycopg.OperationalError as exc:
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact_url(self._database_url)}: {connect_error(exc)}"
             ) from None
-        await self._check_schema(self._conn)
+        await self.store.check_schema(self._conn)
         self.routing.check(await self.store.pending_destinations(self._conn))
         if self._publisher is None:
             from consumer_kit.brokers import open_publisher
@@ -173,6 +172,10 @@ class Relay:
             self._publisher = open_publisher(self.settings)
         if isinstance(self._publisher, _Connectable):
             await self._publisher.connect()
+        self._rows = RowPublisher(
+            self._publisher, self.routing, self.counters, relay_id=self.relay_id,
+            messaging_system=self.messaging_system, max_in_flight=self.settings.relay_max_in_flight,
+        )
         if listen:
             self._listener = NotifyListener(
                 self._database_url, notify_channel(self.settings.db_schema), self._on_notify
@@ -262,7 +265,8 @@ class Relay:
                 )
 
         deadline = self.settings.publish_deadline - (time.monotonic() - claimed_at)
-        confirmed, failures = await self._publish_all(rows, deadline)
+        assert self._rows is not None, "start() first"
+        confirmed, failures = await self._rows.publish_all(rows, deadline)
 
         marked = 0
         try:
@@ -312,115 +316,7 @@ class Relay:
             logger.info("cleanup deleted %s published rows", deleted)
         return deleted
 
-    # -- publishing ----------------------------------------------------------------------------
-
-    async def _publish_all(
-        self, rows: list[ClaimedRow], deadline: float
-    ) -> tuple[list[int], list[Failure]]:
-        """Publish ``rows`` concurrently; returns (confirmed ids, failures). Publishes still
-        unconfirmed after ``deadline`` seconds are cancelled and count as failures."""
-        slots = asyncio.Semaphore(self.settings.relay_max_in_flight)
-        confirmed: list[int] = []
-        failures: list[Failure] = []
-
-        async def publish_one(row: ClaimedRow) -> None:
-            async with slots:
-                failure = await self._publish_row(row)
-            if failure is None:
-                # Critical point: the broker has the message, the row is not marked yet.
-                crashpoints.reached(CrashPoint.AFTER_PUBLISH_BEFORE_MARK)
-                confirmed.append(row.id)
-            else:
-                failures.append(failure)
-
-        tasks = {asyncio.create_task(publish_one(row)): row for row in rows}
-        done, pending = await asyncio.wait(tasks, timeout=max(deadline, 0.0))
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-            self.counters.add("deadline_exceeded", len(pending))
-            failures.extend(
-                Failure(tasks[t].id, "not confirmed before the claim lease ran low", transient=True)
-                for t in pending
-            )
-        for task in done:
-            exc = task.exception()
-            if isinstance(exc, SimulatedCrash):
-                raise exc
-            if exc is not None:  # a bug in our own code, not a broker failure
-                failures.append(Failure(tasks[task].id, f"relay error: {type(exc).__name__}"))
-        return confirmed, failures
-
-    async def _publish_row(self, row: ClaimedRow) -> Failure | None:
-        try:
-            exchange, routing_key = self.routing.resolve(row.destination, row.routing_key)
-        except UnknownDestination as exc:
-            self.counters.add("unknown_destination")
-            return Failure(row.id, str(exc), park=True)
-        stored = {str(k): str(v) for k, v in row.headers.items()}
-        # Continues the trace context stored with the row (consumer_kit.telemetry.tracing).
-        with producer_span(
-            exchange, stored, system=self.messaging_system, event_id=str(row.event_id),
-            attempt=row.attempts + 1, operation_key=row.operation_key, correlation_id=row.correlation_id,
-        ) as span:
-            message = self._outgoing(row, exchange, routing_key, stored)
-            assert self._publisher is not None
-            try:
-                await self._publisher.publish(message)
-            except Exception as exc:  # noqa: BLE001 - PublishError or an adapter's own error
-                mark_failed(span, exc)
-                return self._failure(row, exc)
-        record_published(exchange, row.created_at)
-        return None
-
-    def _failure(self, row: ClaimedRow, exc: Exception) -> Failure:
-        """What a failed publish means for ``row`` (``PublishError``'s three kinds): permanent
-        parks it at once with the broker's reply; transient backs off briefly and never parks;
-        anything else (row errors, an adapter's own exception) backs off and parks after
-        ``max_attempts``. The text never carries the payload."""
-        error = f"{type(exc).__name__}: {exc}"[:500]
-        if isinstance(exc, PublishError) and exc.permanent:
-            self.counters.add("parked_permanent")  # logged once the park is recorded
-            return Failure(row.id, error, park=True)
-        logger.debug(
-            "publish failed event_id=%s destination=%s attempt=%s: %s",
-            row.event_id, row.destination, row.attempts + 1, error,
-        )
-        # The broker's or the connection's fault, not the row's: short backoff, no parking.
-        return Failure(row.id, error, transient=isinstance(exc, PublishError) and exc.transient)
-
-    def _outgoing(
-        self, row: ClaimedRow, exchange: str, routing_key: str, stored: dict[str, str]
-    ) -> OutgoingMessage:
-        """The broker message for ``row``: message id = event ID; headers = the row's headers plus
-        event-id, message-type, operation-scope/-key, correlation-id, partition-key,
-        publish-attempt, relay-id and the trace context (W3C traceparent where a tracer is set)."""
-        headers = dict(stored)
-        headers["event-id"] = str(row.event_id)
-        headers["message-type"] = row.message_type
-        headers["publish-attempt"] = str(row.attempts + 1)
-        headers["relay-id"] = self.relay_id
-        for name, value in (
-            ("operation-scope", row.operation_scope),
-            ("operation-key", row.operation_key),
-            ("correlation-id", row.correlation_id),
-            ("partition-key", row.partition_key),
-        ):
-            if value is not None:
-                headers[name] = value
-        propagate.inject(headers)
-        return OutgoingMessage(
-            destination=exchange,
-            routing_key=routing_key,
-            message_id=str(row.event_id),
-            body=row.payload.encode("utf-8"),
-            message_type=row.message_type,
-            headers=headers,
-            partition_key=row.partition_key,
-        )
-
-    # -- waiting, cleanup, connections -----------------------------------------------------------
+    # -- waiting, cleanup, the database -----------------------------------------------------------
 
     def _on_notify(self) -> None:
         self._wake.set()
@@ -462,7 +358,7 @@ class Relay:
             if self._conn is not None:
                 await close_quietly(self._conn)
                 self._conn = None
-            await self._sleep_unless_stopped(self._outage_backoff)
+            await sleep_unless_stopped(self._stop, self._outage_backoff)
             self._outage_backoff = min(self._outage_backoff * 2, _BACKOFF_MAX)
             return
         if not clears_outage:
@@ -472,66 +368,23 @@ class Relay:
         self._outage = None
         self._outage_backoff = _BACKOFF_FIRST
 
+
+
     async def _connection(self) -> AsyncConnection[Any]:
-        """The relay's autocommit connection, (re)opened with exponential backoff (tenacity)
-        until it works or a stop is requested.
+        """The relay's autocommit connection, reopened (with backoff) when it was lost.
 
         Raises:
             psycopg.OperationalError: still failing when a stop was requested.
         """
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        assert self._database_url is not None, "start() first"
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type(psycopg.OperationalError),
-            wait=wait_exponential(multiplier=0.2, max=10.0),
-            stop=lambda _state: self._stop.is_set(),
-            sleep=self._sleep_unless_stopped,
-            before_sleep=log_retry("database connect"),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                self._conn = await self._open_connection()
-        assert self._conn is not None
+        if self._conn is None or self._conn.closed:
+            assert self._database_url is not None, "start() first"
+            self._conn = await connect_until_stopped(self._database_url, self._stop)
         return self._conn
-
-    async def _open_connection(self) -> AsyncConnection[Any]:
-        """One attempt at the relay's autocommit connection.
-
-        Raises:
-            psycopg.OperationalError: refused or unreachable.
-        """
-        assert self._database_url is not None, "start() first"
-        return await AsyncConnection.connect(
-            self._database_url, autocommit=True, connect_timeout=10, application_name="outbox-relay"
-        )
-
-    async def _sleep_unless_stopped(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
-        except TimeoutError:
-            pass
-
-    async def _check_schema(self, conn: AsyncConnection[Any]) -> None:
-        query = sql.SQL("SELECT version FROM {} WHERE version = %s").format(
-            sql.Identifier(self.settings.db_schema, "schema_migrations")
-        )
-        try:
-            cur = await conn.execute(query, (REQUIRED_MIGRATION,))
-            found = await cur.fetchone()
-        except psycopg.errors.UndefinedTable:
-            found = None
-        if found is None:
-            raise ConfigurationError(
-                f"schema {self.settings.db_schema!r} has no up-to-date outbox (migration "
-                f"{REQUIRED_MIGRATION} missing): run `consumer-kit migrate` first"
-            )
 
 
 async def relay_pending(settings: Settings, publisher: Publisher) -> int:
     """Publish every claimable row once through ``publisher`` and return rows published
-    (``outbox-relay --once`` in-process; used by ``consumer-kit demo``)."""
+    (``outbox-relay --once`` in-process; used by the demo, ``examples/invoices/demo.py``)."""
     relay_settings = (
         settings if isinstance(settings, RelaySettings)
         else RelaySettings(**settings.model_dump())

@@ -1,6 +1,6 @@
-"""The relay's SQL: claim, mark, back off, park, requeue, clean up and report on the outbox.
+"""The relay's work on the outbox: claim, mark, back off, park, requeue, clean up and report on the outbox.
 
-Every statement is built once with :mod:`psycopg.sql` (identifiers are never formatted by hand)
+Every statement (:mod:`outbox_relay.statements`) is built once with :mod:`psycopg.sql` (identifiers are never formatted by hand)
 and runs as one autocommit statement, so a claim or a mark is atomic on its own.
 
 The claim protocol (many relays on one outbox):
@@ -31,8 +31,30 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import AsyncConnection, pq, sql
 
+from consumer_kit.errors import ConfigurationError
+from outbox_relay.statements import (
+    CANDIDATES_ORDERED,
+    CANDIDATES_ORDERED_FROM_START,
+    CANDIDATES_UNORDERED,
+    CLAIM,
+    CLEANUP,
+    MARK_FAILED,
+    MARK_PUBLISHED,
+    MIGRATION_APPLIED,
+    PARKED,
+    PARKED_ROW,
+    PENDING_DESTINATIONS,
+    PLAN_BY_INDEX_ORDER,
+    RELEASE,
+    REQUEUE,
+    STATUS,
+)
+
 if TYPE_CHECKING:
     from outbox_relay.settings import OutboxSettings
+
+REQUIRED_MIGRATION = 102
+"""The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
 
 
 @dataclass(frozen=True)
@@ -158,12 +180,12 @@ class OutboxStore:
         self.backoff_max = backoff_max
         self.transient_backoff_max = transient_backoff_max
         table = sql.Identifier(schema, "outbox")
-        self._claim_ordered = _CLAIM.format(table=table, candidates=_CANDIDATES_ORDERED.format(table=table))
-        self._claim_ordered_from_start = _CLAIM.format(
-            table=table, candidates=_CANDIDATES_ORDERED_FROM_START.format(table=table)
+        self._claim_ordered = CLAIM.format(table=table, candidates=CANDIDATES_ORDERED.format(table=table))
+        self._claim_ordered_from_start = CLAIM.format(
+            table=table, candidates=CANDIDATES_ORDERED_FROM_START.format(table=table)
         )
-        self._claim_unordered = _CLAIM.format(table=table, candidates=_CANDIDATES_UNORDERED.format(table=table))
-        self._after_key: str | None = None  # the claim's rotating cursors (see _KEYS, _IDS)
+        self._claim_unordered = CLAIM.format(table=table, candidates=CANDIDATES_UNORDERED.format(table=table))
+        self._after_key: str | None = None  # the claim's rotating cursors (see statements.KEYS, IDS)
         self._after = _FROM_START
         # Each cursor's lap: "dirty" (a claim found rows since it last started over), "clean"
         # (no rows found since it started over), "done" (a clean lap reached the end).
@@ -171,14 +193,33 @@ class OutboxStore:
         self.idle = False
         """Whether nothing is claimable now: the last claim was empty and both cursors have made
         a whole lap, start to end, without finding a claimable row."""
-        self._mark_published = _MARK_PUBLISHED.format(table=table)
-        self._mark_failed = _MARK_FAILED.format(table=table)
-        self._release = _RELEASE.format(table=table)
-        self._cleanup = _CLEANUP.format(table=table)
-        self._status = _STATUS.format(table=table, parked=_PARKED_ROW)
-        self._parked = _PARKED.format(table=table, parked=_PARKED_ROW)
-        self._requeue = _REQUEUE.format(table=table, parked=_PARKED_ROW)
-        self._pending_destinations = _PENDING_DESTINATIONS.format(table=table, parked=_PARKED_ROW)
+        self._mark_published = MARK_PUBLISHED.format(table=table)
+        self._mark_failed = MARK_FAILED.format(table=table)
+        self._release = RELEASE.format(table=table)
+        self._cleanup = CLEANUP.format(table=table)
+        self._status = STATUS.format(table=table, parked=PARKED_ROW)
+        self._parked = PARKED.format(table=table, parked=PARKED_ROW)
+        self._requeue = REQUEUE.format(table=table, parked=PARKED_ROW)
+        self._pending_destinations = PENDING_DESTINATIONS.format(table=table, parked=PARKED_ROW)
+        self._migration_applied = MIGRATION_APPLIED.format(table=sql.Identifier(schema, "schema_migrations"))
+
+    async def check_schema(self, conn: AsyncConnection[Any]) -> None:
+        """Check that the schema's outbox is migrated far enough for this relay.
+
+        Raises:
+            ConfigurationError: migration :data:`REQUIRED_MIGRATION` is missing (or no migration
+                table at all): run ``consumer-kit migrate`` first.
+        """
+        try:
+            cur = await conn.execute(self._migration_applied, (REQUIRED_MIGRATION,))
+            found = await cur.fetchone()
+        except psycopg.errors.UndefinedTable:
+            found = None
+        if found is None:
+            raise ConfigurationError(
+                f"schema {self.schema!r} has no up-to-date outbox (migration "
+                f"{REQUIRED_MIGRATION} missing): run `consumer-kit migrate` first"
+            )
 
     async def claim(
         self, conn: AsyncConnection[Any], limit: int, *, ordered: bool = True
@@ -189,7 +230,7 @@ class OutboxStore:
         With ``ordered``, only the head row of each partition key is a candidate. Candidates are
         the next ``max(4 * limit, 100)`` keys and due rows after this store's rotating cursors,
         so one claim costs the same whatever the backlog and every row comes round (see
-        ``_KEYS`` and ``_IDS``). An empty result with :attr:`idle` false says only that
+        ``statements.KEYS`` and ``IDS``). An empty result with :attr:`idle` false says only that
         nothing in these windows was claimable: claim again."""
         window = max(4 * limit, 100)
         if not ordered:
@@ -210,11 +251,11 @@ class OutboxStore:
             "after_id": self._after[1],
         }
         # One round trip: the claim in a transaction of its own whose planner may not sort (see
-        # _PLAN_BY_INDEX_ORDER), then COMMIT.
+        # PLAN_BY_INDEX_ORDER), then COMMIT.
         try:
             async with conn.pipeline():
                 await conn.execute(b"BEGIN")
-                for setting in _PLAN_BY_INDEX_ORDER:
+                for setting in PLAN_BY_INDEX_ORDER:
                     await conn.execute(setting)
                 cur = await conn.execute(query, params)
                 await conn.execute(b"COMMIT")
@@ -351,220 +392,3 @@ async def _end_failed_transaction(conn: AsyncConnection[Any]) -> None:
 
 _FROM_START = (dt.datetime.min.replace(tzinfo=dt.UTC), 0)
 """The id cursor's start: before every (available_at, id)."""
-
-# -- statements --------------------------------------------------------------------------------
-
-# The claim's plan must not depend on statistics: an outbox is a queue table, its statistics are
-# stale more often than not, and a plan that scans every pending row (a bitmap scan and a sort, a
-# hash anti-join) makes each claim cost the whole backlog, so a drain slows quadratically. So
-# every step here is a one-row ``ORDER BY <indexed column> LIMIT 1`` probe of a partial index
-# (a loose index scan, written as a recursive CTE), a plan no row estimate makes dearer:
-#
-# * keys (ordered only): the next ``keys`` partition keys after a rotating key cursor
-#   (``outbox_pending_commit_seq_idx``), and each key's head, its smallest ``commit_seq``;
-# * ids: the next ``window`` due rows in (available_at, id) order after a rotating cursor;
-#   ordered, the unkeyed ones (``outbox_due_unkeyed_idx``), unordered, all
-#   (``outbox_pending_idx``). Rows backing off are not due and a parked row is due at
-#   'infinity', so failing rows are not visited at all.
-#
-# Of those candidates the claimable ones (not leased, not parked) are locked and leased, oldest
-# id first. A claim costs O((keys + window) log n) whatever the backlog, and the cursors start
-# over at the end, so every key and due row comes round: rows in front that cannot be claimed
-# (leased by another relay, a key whose head backs off) cannot starve the ones behind them.
-# Statistics alone cannot be trusted here: analysed while almost nothing was pending (a quiet
-# hour, or a long published history), they say ``published_at IS NULL`` matches a row or two, so
-# reading a whole pending index and sorting it looks cheaper than walking an index in order, and
-# each one-row probe below costs the whole backlog (measured: one claim of 200 took 4.1 s at 10k
-# pending and 22.5 s at 50k; 15-54 ms with this setting). Without sorts the only plans left for
-# an ``ORDER BY ... LIMIT 1`` probe walk an index in its order; JIT goes too, as the disabled
-# sort's cost estimate would otherwise make every claim compile.
-_PLAN_BY_INDEX_ORDER = (b"SET LOCAL enable_sort = off", b"SET LOCAL jit = off")
-
-_KEYS = """
-    keys(partition_key, n) AS (
-        SELECT (SELECT e.partition_key FROM {table} AS e
-                 WHERE e.published_at IS NULL AND e.partition_key {first_key} %(after_key)s
-                 ORDER BY e.partition_key LIMIT 1), 1
-        UNION ALL
-        SELECT (SELECT e.partition_key FROM {table} AS e
-                 WHERE e.published_at IS NULL AND e.partition_key > keys.partition_key
-                 ORDER BY e.partition_key LIMIT 1), keys.n + 1
-          FROM keys WHERE keys.partition_key IS NOT NULL AND keys.n < %(keys)s
-    ),
-    heads AS (
-        SELECT head.id FROM keys CROSS JOIN LATERAL (
-            SELECT e.id FROM {table} AS e
-             WHERE e.partition_key = keys.partition_key AND e.published_at IS NULL
-             ORDER BY e.commit_seq LIMIT 1) AS head
-    ),
-    key_cursor AS (
-        SELECT max(partition_key) AS last, count(partition_key) >= %(keys)s AS more FROM keys
-    ),"""
-
-_NO_KEYS = """
-    heads AS (SELECT NULL::bigint AS id WHERE false),
-    key_cursor AS (SELECT NULL::text AS last, false AS more),"""
-
-_IDS = """
-    ids(available_at, id, n) AS (
-        SELECT first.available_at, first.id, 1 FROM (
-            SELECT e.available_at, e.id FROM {table} AS e
-             WHERE e.published_at IS NULL {unkeyed} AND e.available_at <= now()
-               AND (e.available_at, e.id) > (%(after_at)s, %(after_id)s)
-             ORDER BY e.available_at, e.id LIMIT 1) AS first
-        UNION ALL
-        SELECT next.available_at, next.id, ids.n + 1 FROM ids CROSS JOIN LATERAL (
-            SELECT e.available_at, e.id FROM {table} AS e
-             WHERE e.published_at IS NULL {unkeyed} AND e.available_at <= now()
-               AND (e.available_at, e.id) > (ids.available_at, ids.id)
-             ORDER BY e.available_at, e.id LIMIT 1) AS next
-         WHERE ids.n < %(window)s
-    ),
-    id_cursor AS (
-        SELECT max(available_at) AS last_at, max(id) FILTER (WHERE n = %(window)s) AS last_id,
-               count(*) >= %(window)s AS more FROM ids
-    ),
-    candidates AS (SELECT id FROM heads UNION ALL SELECT id FROM ids)"""
-
-_ORDERED = _KEYS + _IDS.replace("{unkeyed}", "AND e.partition_key IS NULL")
-# From the start of the keys, '' included (a key cursor of '' would skip the key '').
-_CANDIDATES_ORDERED_FROM_START = sql.SQL(_ORDERED.replace("{first_key}", ">="))
-_CANDIDATES_ORDERED = sql.SQL(_ORDERED.replace("{first_key}", ">"))
-_CANDIDATES_UNORDERED = sql.SQL(_NO_KEYS + _IDS.replace("{unkeyed}", ""))
-
-_CLAIM = sql.SQL(
-    """
-    WITH RECURSIVE {candidates},
-    picked AS (
-        -- one primary-key probe per candidate, oldest first, until ``limit`` are locked: a
-        -- join would let stale statistics pick a scan of a whole pending index instead
-        SELECT row.id, row.previous_owner
-          FROM (SELECT DISTINCT id FROM candidates ORDER BY id) AS c
-          CROSS JOIN LATERAL (
-              SELECT o.id, o.claimed_by AS previous_owner
-                FROM {table} AS o
-               WHERE o.id = c.id
-                 AND coalesce(o.published_at, '-infinity') = '-infinity'  -- see _BY_ID
-                 AND o.attempts < %(max_attempts)s
-                 AND o.available_at <= now()
-                 AND (o.claimed_until IS NULL OR o.claimed_until < now())
-                 FOR UPDATE OF o SKIP LOCKED) AS row
-         LIMIT %(limit)s
-    ),
-    claimed AS (
-        UPDATE {table} AS t
-           SET claimed_by = %(relay_id)s,
-               claimed_until = now() + make_interval(secs => %(lease)s)
-          FROM picked
-         WHERE t.id = picked.id
-        RETURNING t.id, t.event_id, t.destination, t.routing_key, t.message_type, t.partition_key,
-                  t.payload::text, t.headers, t.attempts, t.operation_scope, t.operation_key,
-                  t.correlation_id, t.created_at, picked.previous_owner
-    )
-    SELECT claimed.*, key_cursor.last, key_cursor.more,
-           id_cursor.last_at, id_cursor.last_id, id_cursor.more
-      FROM key_cursor CROSS JOIN id_cursor LEFT JOIN claimed ON true
-    """
-)
-
-# _BY_ID: statements that address rows by id say "unpublished" as
-# ``coalesce(published_at, '-infinity') = '-infinity'``, which no partial index's predicate
-# matches: with ``published_at IS NULL``, stale statistics (see _PLAN_BY_INDEX_ORDER) let the
-# planner read a whole pending index instead of probing the primary key (measured by the drain
-# benchmark: mark_published p50 49-68 ms at 100k pending, 2-4 ms this way).
-_MARK_PUBLISHED = sql.SQL(
-    """
-    UPDATE {table}
-       SET published_at = now(), attempts = attempts + 1,
-           claimed_by = %(relay_id)s, claimed_until = NULL
-     WHERE id = ANY(%(ids)s) AND coalesce(published_at, '-infinity') = '-infinity'  -- see _BY_ID
-    """
-)
-
-_MARK_FAILED = sql.SQL(
-    """
-    UPDATE {table} AS t
-       SET attempts = CASE WHEN f.park THEN greatest(t.attempts + 1, %(max_attempts)s)
-                           WHEN f.transient THEN least(t.attempts + 1, %(max_attempts)s - 1)
-                           ELSE t.attempts + 1 END,
-           last_error = f.error,
-           -- a parked row is due never (until requeued), so the claim's windows skip it
-           available_at = CASE
-               WHEN f.park OR (NOT f.transient AND t.attempts + 1 >= %(max_attempts)s)
-               THEN 'infinity'::timestamptz
-               ELSE now() + make_interval(
-                   secs => least(CASE WHEN f.transient THEN %(transient_max_delay)s
-                                      ELSE %(max_delay)s END,
-                                 %(base)s * power(2, least(t.attempts, 30)))) END,
-           claimed_by = NULL,
-           claimed_until = NULL
-      FROM unnest(%(ids)s::bigint[], %(errors)s::text[], %(park)s::boolean[],
-                  %(transient)s::boolean[]) AS f(id, error, park, transient)
-     WHERE t.id = f.id AND coalesce(t.published_at, '-infinity') = '-infinity'  -- see _BY_ID
-       AND t.claimed_by = %(relay_id)s
-    RETURNING t.id, t.attempts >= %(max_attempts)s
-    """
-)
-
-_RELEASE = sql.SQL(
-    """
-    UPDATE {table} SET claimed_by = NULL, claimed_until = NULL
-     WHERE id = ANY(%(ids)s) AND coalesce(published_at, '-infinity') = '-infinity'  -- see _BY_ID
-       AND claimed_by = %(relay_id)s
-    """
-)
-
-_CLEANUP = sql.SQL(
-    """
-    DELETE FROM {table}
-     WHERE id IN (
-        SELECT id FROM {table}
-         WHERE published_at < now() - make_interval(secs => %(older_than)s)
-         ORDER BY published_at
-         LIMIT %(limit)s
-         FOR UPDATE SKIP LOCKED)
-    """
-)
-
-# A row is parked when it has max_attempts failed attempts, or when it was parked (due at
-# 'infinity') under a smaller max_attempts: raising RELAY_MAX_ATTEMPTS, or a status or requeue run
-# without the relay's value, must not turn parked rows into pending ones no claim can reach.
-_PARKED_ROW = sql.SQL("(attempts >= %(max_attempts)s OR available_at = 'infinity')")
-
-_STATUS = sql.SQL(
-    """
-    SELECT count(*) FILTER (WHERE published_at IS NULL AND NOT {parked}),
-           count(*) FILTER (WHERE published_at IS NULL AND attempts >= 1 AND NOT {parked}),
-           count(*) FILTER (WHERE published_at IS NULL AND claimed_until > now()),
-           count(*) FILTER (WHERE published_at IS NULL AND {parked}),
-           extract(epoch FROM now() - min(created_at)
-                   FILTER (WHERE published_at IS NULL AND NOT {parked})),
-           count(*) FILTER (WHERE published_at >= now() - interval '1 minute'),
-           count(*) FILTER (WHERE published_at IS NOT NULL)
-      FROM {table}
-    """
-)
-
-_PARKED = sql.SQL(
-    """
-    SELECT event_id, destination, partition_key, attempts, last_error, created_at
-      FROM {table}
-     WHERE published_at IS NULL AND {parked}
-     ORDER BY id
-     LIMIT %(limit)s
-    """
-)
-
-_REQUEUE = sql.SQL(
-    """
-    UPDATE {table} SET attempts = 0, available_at = now(), claimed_by = NULL, claimed_until = NULL
-     WHERE published_at IS NULL AND {parked}
-       AND (%(all)s OR event_id = ANY(%(event_ids)s::uuid[]))
-    """
-)
-
-# Parked rows are left out: a row parked for an unknown destination must not keep the relay from
-# starting (and every other row from being published).
-_PENDING_DESTINATIONS = sql.SQL(
-    "SELECT DISTINCT destination FROM {table} WHERE published_at IS NULL AND NOT {parked}"
-)

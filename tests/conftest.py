@@ -109,7 +109,7 @@ def vhost_of(url: str) -> str:
 def cli_logging() -> Iterator[None]:
     """For tests that run a command in this process: the commands set logger levels (their
     ``--log-level`` options); put them back so later tests' ``caplog`` sees what it expects."""
-    from consumer_kit.console import OWN_LOGGERS
+    from consumer_kit.cli.console import OWN_LOGGERS
 
     saved = {name: logging.getLogger(name).level for name in ("", *OWN_LOGGERS)}
     yield

@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_kit.identity import OperationIdentity
 from consumer_kit.ledger import AttemptBook
+from consumer_kit.model.identity import OperationIdentity
 from tests.harness import throwaway_schema
 
 IDENTITY = OperationIdentity("t", "invoice.create", 1, "order-1", "f" * 64, 1)

@@ -1,4 +1,4 @@
-"""`consumer-kit demo` on the embedded PostgreSQL (pgserver) exits 0 and its balances match."""
+"""`python -m examples.invoices.demo` on the embedded PostgreSQL (pgserver) exits 0 and its balances match."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ def test_demo_on_embedded_postgres_exits_0_with_matching_balances(tmp_path: Path
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_KIT_")}
     env["CONSUMER_KIT_EMBEDDED_DATA_DIR"] = str(tmp_path / "pgdata")
     env["COLUMNS"] = "160"
+    env["PYTHONPATH"] = str(REPO)  # the demo is an example: it runs from the repository, not the core
     result = subprocess.run(
-        [sys.executable, "-m", "consumer_kit", "demo"],
+        [sys.executable, "-m", "examples.invoices.demo"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

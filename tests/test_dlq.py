@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from consumer_kit import App, Context, Outcome, RetryableError
-from consumer_kit.cli import cli
+from consumer_kit.cli.main import cli
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import Env, command
 

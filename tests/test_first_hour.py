@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from consumer_kit import App
 from consumer_kit.app import load_app
 from consumer_kit.broker import Consumer, Publisher
-from consumer_kit.console import OWN_LOGGERS, setup_logging
+from consumer_kit.cli.console import OWN_LOGGERS, setup_logging
 from consumer_kit.errors import ConfigurationError
 from tests.broker_env import Env
 from tests.harness import fetch_all
@@ -303,7 +303,7 @@ def test_an_app_names_its_event_destinations_once_each() -> None:
 
 
 def test_declare_refuses_the_in_process_broker(cli_logging: None) -> None:
-    from consumer_kit.cli import cli
+    from consumer_kit.cli.main import cli
 
     result = CliRunner().invoke(cli, ["declare", "examples.invoices.app:app"], env={"CONSUMER_KIT_BROKER_URL": "memory://"})
     assert result.exit_code == 2

@@ -8,9 +8,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import EvidenceBook, Fence, Ledger
-from consumer_kit.outcomes import StoredResult
+from consumer_kit.ledger import EvidenceBook, Ledger
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.results import StoredResult
 from tests.harness import throwaway_schema
 
 IDENTITY = OperationIdentity("t", "invoice.create", 1, "order-1", "f" * 64, 1)

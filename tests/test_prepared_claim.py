@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from consumer_kit import prepared
-from consumer_kit.identity import OperationIdentity
 from consumer_kit.ledger import Ledger
+from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.transaction import rollback
 from tests.harness import throwaway_schema
 

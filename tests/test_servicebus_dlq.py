@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from adapters.servicebus import ServiceBusDeadLetters, dead_letters
 from consumer_kit import Context, Outcome, RetryableError
 from consumer_kit.broker import DeadLetter
-from consumer_kit.cli import cli
+from consumer_kit.cli.main import cli
 from consumer_kit.errors import ConfigurationError
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command

@@ -198,7 +198,7 @@ def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:
 def test_the_worker_refuses_a_bad_setting_in_one_line_with_exit_code_2(
     monkeypatch: pytest.MonkeyPatch, cli_logging: None
 ) -> None:
-    from consumer_kit.cli import cli
+    from consumer_kit.cli.main import cli
 
     monkeypatch.setenv("CONSUMER_KIT_LOCK_TIMEOUT", "0.0004")
     result = CliRunner().invoke(cli, ["worker", "examples.invoices.app:app"])
@@ -215,7 +215,7 @@ def test_the_relay_names_the_option_that_was_out_of_range(cli_logging: None) -> 
 
 
 def test_an_unknown_log_level_is_refused(cli_logging: None) -> None:
-    from consumer_kit.cli import cli
+    from consumer_kit.cli.main import cli
 
     result = CliRunner().invoke(cli, ["migrate", "--log-level", "LOUD"])
     assert result.exit_code == 2

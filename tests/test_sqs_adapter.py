@@ -31,8 +31,9 @@ from adapters.sqs import (
     headers_of,
     sqs_queue_name,
 )
-from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE, size_of
+from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE
 from adapters.sqs.errors import describe, entry_publish_error
+from adapters.sqs.limits import size_of
 from adapters.sqs.redelivery import GiveBacks
 from adapters.sqs.topology import QueueInfo
 from consumer_kit import OutboxWriter, Settings
@@ -408,6 +409,31 @@ async def test_renewal_asks_at_most_what_is_left_of_12_hours(sqs: SQSClient) -> 
     spent.visible_until = time.monotonic() + 5
     assert not await spent.renew_lock()
     assert len(asked) == 1  # nothing asked past the maximum
+
+
+async def test_publishes_that_arrive_together_share_one_queue_lookup_and_one_batch(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    # Each publish used to look its queue up on its own: the lookups' replies came back at
+    # different moments, so on a loaded machine the publishes missed each other's batch.
+    name = f"t{uuid.uuid4().hex[:10]}"
+    await make_queue(sqs, name)
+    publisher = SQSPublisher(SQSConfig.from_url(sqs_url(sqs_endpoint)))
+    lookups: list[str] = []
+
+    async def count(params: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        lookups.append(params["QueueName"])
+        return reply
+
+    intercept(publisher.client, "get_queue_url", count)
+    try:
+        await asyncio.gather(*(
+            publisher.publish(OutgoingMessage("", name, str(uuid.uuid4()), b"{}", "Ping")) for _ in range(5)
+        ))
+        assert lookups == [name]
+        assert publisher.batches == 1
+    finally:
+        await publisher.close()
 
 
 async def test_the_relay_publishes_to_fifo_with_event_ids_as_deduplication_ids(

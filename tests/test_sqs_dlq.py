@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from adapters.sqs import SQSClient, SQSConfig, SQSDeadLetters, headers_of
 from adapters.sqs.dead_letters import BROKER_REASON, REDRIVEN_ATTRIBUTE
 from consumer_kit import Context, Outcome, RetryableError
-from consumer_kit.cli import cli
+from consumer_kit.cli.main import cli
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
 from tests.contract.conftest import Contract

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from consumer_kit import App, Context, Outcome, RetryableError
-from consumer_kit.cli import cli
-from consumer_kit.cli_stats import _age
+from consumer_kit.cli.main import cli
+from consumer_kit.cli.stats import _age
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from outbox_relay import Relay, RelaySettings
 from tests.broker_env import Env, command

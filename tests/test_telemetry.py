@@ -16,7 +16,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 
 from consumer_kit import App, Context, Handler, Outcome, Result
-from consumer_kit.console import OWN_LOGGERS
+from consumer_kit.cli.console import OWN_LOGGERS
 from consumer_kit.telemetry.describe import describe_error, describe_traceback
 from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 from consumer_kit.telemetry.metrics import CATALOGUE, OUTCOME_COUNTERS, QUEUE

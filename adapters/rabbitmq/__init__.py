@@ -1,22 +1,34 @@
 """RabbitMQ adapter (aio-pika): deliveries in, settlement, publishers out.
 
-The aio-pika SDK (with aiormq and pamqp) is imported only inside this package. One job per module:
+The aio-pika SDK (with aiormq and pamqp) is imported only inside this package. One job per module,
+the same modules in the same order under the same names in every adapter (``broker-only``: this
+broker alone needs it):
 
-==================  ===============================================================================
-module              job
-==================  ===============================================================================
-``topology``        queue names, arguments and tolerant declarations; exchange declarations;
-                    the broker delivery limit
-``envelope``        header names consumer-kit reads and writes; the delivery count formula
-``limits``          frame and message-size checks before any publish; trimming a copy to fit
-``errors``          the broker's reply codes and texts; PublishError kinds
-``connection``      opening and closing connections and channels
-``delivery``        :class:`RabbitMQDelivery`: ack, retry, dead-letter and release copies, abandon
-``subscription``    one queue on a channel of its own: consume, cancel, re-create
-``consumer``        :class:`RabbitMQConsumer`: the connection, recovery, pause and resume
-``publisher``       :class:`RabbitMQPublisher`: the relay's confirmed publishes
-``dead_letters``    :class:`RabbitMQDeadLetters`: list and redrive ``<queue>.dlq`` (``consumer-kit dlq``)
-==================  ===============================================================================
+==================  ================================================================================
+module              job (the words before the dash are the same in every adapter)
+==================  ================================================================================
+``config``          the broker URL and what the adapter takes from the settings —
+                    :class:`RabbitMQConfig`; the vhost
+``connection``      opening and closing connections — AMQP connections and channels; the backoff
+                    between reconnects
+``topology``        queue names; creating or reading queues — queue arguments and tolerant
+                    declarations; exchanges; the broker delivery limit
+``envelope``        consumer-kit's headers on this broker's messages — header names; the delivery
+                    count formula (so no ``redelivery`` module)
+``limits``          sizes checked before any send — ``frame_max`` and ``max_message_size``; trimming
+                    a copy to fit
+``errors``          what a failure means; PublishError kinds — the broker's reply codes and texts
+``delivery``        one delivery: ack, retry, dead-letter, release — :class:`RabbitMQDelivery`:
+                    copies, abandon
+``subscription``    one queue's receive loop — a channel of its own: consume, cancel, re-create (no
+                    ``renewal``: RabbitMQ holds a delivery until its channel closes)
+``consumer``        the consumer: subscriptions, pause and resume, close —
+                    :class:`RabbitMQConsumer`: the connection, recovery
+``publisher``       the relay's confirmed publishes — :class:`RabbitMQPublisher`: publisher confirms
+                    (no ``batching``: confirms are pipelined)
+``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) —
+                    :class:`RabbitMQDeadLetters`: ``<queue>.dlq``
+==================  ================================================================================
 
 Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
 ``<queue>.dlq`` and one ``<queue>.retry.<ms>ms`` per retry delay tier; details in
@@ -48,8 +60,9 @@ Entry points (``consumer_kit.brokers``, schemes ``amqp``/``amqps``): :func:`cons
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from adapters.rabbitmq.config import SCHEMES, RabbitMQConfig
 from adapters.rabbitmq.consumer import RabbitMQConsumer
 from adapters.rabbitmq.dead_letters import RabbitMQDeadLetters
 from adapters.rabbitmq.delivery import RabbitMQDelivery
@@ -66,6 +79,7 @@ from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
 from adapters.rabbitmq.publisher import RabbitMQPublisher
 from adapters.rabbitmq.topology import QUEUE_TYPES, broker_delivery_limit
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.settings import Settings
 
 __all__ = [
     "DEAD_LETTER_DETAIL_HEADER",
@@ -75,8 +89,10 @@ __all__ = [
     "MESSAGE_TYPE_HEADER",
     "ORIGINAL_QUEUE_HEADER",
     "QUEUE_TYPES",
+    "SCHEMES",
     "REDELIVERED_HEADER",
     "TRIMMED_HEADER",
+    "RabbitMQConfig",
     "RabbitMQConsumer",
     "RabbitMQDeadLetters",
     "RabbitMQDelivery",
@@ -89,29 +105,34 @@ __all__ = [
 ]
 
 
-def consumer_from_settings(settings: Any) -> RabbitMQConsumer:
-    """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``consumer_kit.settings.Settings``
-    (``broker_url``, ``max_deliveries``, ``crash_limit`` (default 3 where the settings have
-    none), ``retry_delays`` plus ``in_progress_delay`` as delay tiers, ``handler_timeout``,
-    ``settle_timeout``)."""
-    delays = [*settings.retry_delays, getattr(settings, "in_progress_delay", 0.0)]
+def consumer_from_settings(settings: Settings) -> RabbitMQConsumer:
+    """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``settings``
+    (:class:`~adapters.rabbitmq.config.RabbitMQConfig` says what it reads)."""
+    config = RabbitMQConfig.from_settings(settings)
     return RabbitMQConsumer(
-        settings.broker_url,
-        max_deliveries=settings.max_deliveries,
-        crash_limit=getattr(settings, "crash_limit", 3),
-        retry_delays=delays,
-        handler_timeout=settings.handler_timeout,
-        settle_timeout=settings.settle_timeout,
+        config.url,
+        max_deliveries=config.max_deliveries,
+        crash_limit=config.crash_limit,
+        retry_delays=config.retry_delays,
+        handler_timeout=config.handler_timeout,
+        settle_timeout=config.settle_timeout,
     )
 
 
-def publisher_from_settings(settings: Any) -> RabbitMQPublisher:
+def publisher_from_settings(settings: Settings) -> RabbitMQPublisher:
     """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirm."""
     return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)
 
 
-def dead_letters_from_settings(settings: Any) -> RabbitMQDeadLetters:
+def dead_letters_from_settings(settings: Settings) -> RabbitMQDeadLetters:
     """Entry point ``consumer_kit.brokers: amqp``: the dead-letter queues of ``settings.broker_url``
     (``consumer-kit dlq``), each broker operation bounded by ``settings.settle_timeout`` seconds."""
     return RabbitMQDeadLetters(settings.broker_url, timeout=settings.settle_timeout)
+
+
+if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
+    import adapters.rabbitmq
+    from consumer_kit.brokers import DeadLetterAdapter
+
+    _PROVIDES: DeadLetterAdapter = adapters.rabbitmq

@@ -17,7 +17,7 @@ from tenacity import (
 )
 
 from adapters.rabbitmq.errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
-from consumer_kit.settings import redact_url
+from consumer_kit.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 

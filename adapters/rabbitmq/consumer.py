@@ -38,7 +38,7 @@ from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
 from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
-from consumer_kit.settings import redact_url
+from consumer_kit.redaction import redact_url
 from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)

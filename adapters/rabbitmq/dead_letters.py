@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aio_pika
@@ -37,14 +37,8 @@ from adapters.rabbitmq.envelope import (
     TRIMMED_HEADER,
 )
 from adapters.rabbitmq.errors import describe
-from consumer_kit.broker import (
-    DeadLetter,
-    DeadLetterQueues,
-    RedriveProgress,
-    RedriveReport,
-    header_count,
-    header_text,
-)
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -100,61 +94,24 @@ class RabbitMQDeadLetters(DeadLetterQueues):
             await channel.close()  # every message taken goes back
         return found
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
         connection = await self._connect()
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        report = RedriveReport()
         try:
             dlq = await self._dlq(channel, queue)
+            run = _Redrive(asked, channel, self._timeout, target=queue, source=dlq.name)
             for _ in range(int(dlq.declaration_result.message_count or 0)):
                 message = await dlq.get(no_ack=False, fail=False, timeout=self._timeout)
                 if message is None:
                     break
-                letter = dead_letter_of(message, queue)
-                moved = select(letter)
-                if moved and not dry_run:
-                    moved = await self._send_back(channel, message, letter, report)
-                elif moved:
-                    report.redriven += 1
-                else:
-                    report.kept += 1
-                if progress is not None:
-                    progress(letter, moved)
+                await run.look_at(message, dead_letter_of(message, queue))
         finally:
             await channel.close()  # the messages not acked go back to the dead-letter queue
-        return report
+        return run.report
 
     async def close(self) -> None:
         await close_quietly(self._connection, self._timeout, "dead-letter")
         self._connection = None
-
-    async def _send_back(
-        self, channel: aio_pika.abc.AbstractChannel, message: AbstractIncomingMessage, letter: DeadLetter,
-        report: RedriveReport,
-    ) -> bool:
-        headers = {k: v for k, v in (message.headers or {}).items() if k not in _DROPPED}
-        headers[REDRIVEN_HEADER] = letter.reason[:200]
-        copy = aio_pika.Message(
-            body=message.body, headers=headers, content_type=message.content_type,
-            content_encoding=message.content_encoding, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            priority=message.priority, correlation_id=message.correlation_id, reply_to=message.reply_to,
-            message_id=message.message_id, timestamp=message.timestamp, type=message.type,
-            app_id=message.app_id,
-        )
-        try:
-            async with asyncio.timeout(self._timeout):
-                await channel.default_exchange.publish(copy, routing_key=letter.queue, mandatory=True)
-        except (aiormq.exceptions.DeliveryError, aiormq.exceptions.PublishError, TimeoutError) as exc:
-            report.failed += 1
-            logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
-                           letter.message_id, letter.queue, describe(exc))
-            return False
-        await message.ack()
-        report.redriven += 1
-        return True
 
     async def _dlq(self, channel: aio_pika.abc.AbstractChannel, queue: str) -> aio_pika.abc.AbstractQueue:
         try:
@@ -169,6 +126,37 @@ class RabbitMQDeadLetters(DeadLetterQueues):
             except (OSError, aiormq.exceptions.AMQPError, TimeoutError) as exc:
                 raise ConnectionError(f"cannot connect to RabbitMQ: {describe(exc)}") from exc
         return self._connection
+
+
+class _Redrive(Redrive[AbstractIncomingMessage]):
+    """One redrive on one channel: publish the copy to the work queue (default exchange,
+    ``mandatory``, publisher confirm), then ack the dead letter."""
+
+    def __init__(
+        self, asked: RedriveAsked, channel: aio_pika.abc.AbstractChannel, timeout: float, *, target: str, source: str,
+    ) -> None:
+        super().__init__(asked, target=target, source=source)
+        self._channel = channel
+        self._timeout = timeout
+
+    async def send_copy(self, message: AbstractIncomingMessage, letter: DeadLetter) -> None:
+        headers = {k: v for k, v in (message.headers or {}).items() if k not in _DROPPED}
+        headers[REDRIVEN_HEADER] = letter.reason[:REASON_ON_COPY_CHARS]
+        copy = aio_pika.Message(
+            body=message.body, headers=headers, content_type=message.content_type,
+            content_encoding=message.content_encoding, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=message.priority, correlation_id=message.correlation_id, reply_to=message.reply_to,
+            message_id=message.message_id, timestamp=message.timestamp, type=message.type,
+            app_id=message.app_id,
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._channel.default_exchange.publish(copy, routing_key=letter.queue, mandatory=True)
+        except (aiormq.exceptions.DeliveryError, aiormq.exceptions.PublishError, TimeoutError) as exc:
+            raise CopyRefused(describe(exc)) from exc
+
+    async def remove(self, message: AbstractIncomingMessage, letter: DeadLetter) -> None:
+        await message.ack()
 
 
 def dead_letter_of(message: AbstractIncomingMessage, queue: str) -> DeadLetter:

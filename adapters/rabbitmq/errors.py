@@ -20,10 +20,11 @@ any close caused by another message on a shared channel                    is at
 
 from __future__ import annotations
 
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import aiormq.exceptions
 
+from adapters.rabbitmq.config import vhost_of
 from consumer_kit.broker import PublishError
 
 
@@ -40,13 +41,6 @@ class VhostUnavailable(ConnectionError):
             f"add_vhost {vhost}; rabbitmqctl set_permissions -p {vhost} {user} '.*' '.*' '.*')"
         )
         self.vhost = vhost
-
-
-def vhost_of(url: str) -> str:
-    """The vhost an AMQP URL names: its path without the leading ``/``, unquoted; ``/`` when
-    the path is empty or ``/`` (aio-pika's reading)."""
-    path = urlsplit(url).path
-    return "/" if path in ("", "/") else unquote(path[1:])
 
 
 def is_vhost_refusal(exc: BaseException) -> bool:

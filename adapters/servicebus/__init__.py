@@ -1,31 +1,42 @@
 """Azure Service Bus adapter (azure-servicebus, asyncio API): deliveries in, settlement, publishers out.
 
-The azure-servicebus SDK (and azure-identity, when used) is imported only inside this package.
-One job per module:
+The azure-servicebus SDK (and azure-identity, when used) is imported only inside this package. One
+job per module, the same modules in the same order under the same names in every adapter
+(``broker-only``: this broker alone needs it):
 
-================  =================================================================================
-module            job
-================  =================================================================================
-``config``        broker URL and connection string, the adapter's own settings
-``connection``    opening and closing clients (shared access key or Microsoft Entra ID)
-``topology``      queue and ``topic/Subscriptions/name`` names; receivers and senders for them
-``envelope``      fields consumer-kit reads and writes; copies; dead-letter texts; relay events
-``limits``        size checks before any send; measuring a message
-``errors``        lock loss; PublishError kinds
-``counters``      what the consumer counts
-``redelivery``    telling a crash from our own abandon (``redelivered``)
-``renewal``       renewing every held lock at half its remaining time
-``route``         a delivery's receiver and session lock
-``delivery``      :class:`ServiceBusDelivery`: complete, abandon, copies, held retry, dead-letter
-``copies``        the sender of retry and release copies (and the queue's size limit)
-``subscription``  one queue or subscription: receive exactly as many messages as there are slots
-``sessions``      a session entity: sessions in parallel, each one's messages in order
-``consumer``      :class:`ServiceBusConsumer`: pumps, pause and resume, shutdown
-``batching``      one entity's publishes sent as ``ServiceBusMessageBatch``-es
-``publisher``     :class:`ServiceBusPublisher`: the relay's publishes
-``dead_letters``  :class:`ServiceBusDeadLetters`: list and redrive ``<entity>/$DeadLetterQueue``
-                  (``consumer-kit dlq``)
-================  =================================================================================
+==================  ================================================================================
+module              job (the words before the dash are the same in every adapter)
+==================  ================================================================================
+``config``          the broker URL and what the adapter takes from the settings — the namespace and
+                    connection string; the ``CONSUMER_KIT_SERVICEBUS_*`` settings
+``connection``      opening and closing connections — clients (shared access key or Microsoft Entra
+                    ID)
+``topology``        queue names; creating or reading queues — queue and ``topic/Subscriptions/name``
+                    names; receivers and senders for them
+``envelope``        consumer-kit's headers on this broker's messages — fields read and written;
+                    copies; dead-letter texts; relay events
+``redelivery``      ``delivery_count`` and ``redelivered`` — telling a crash from our own abandon
+``limits``          sizes checked before any send — entity and batch limits; measuring a message
+``errors``          what a failure means; PublishError kinds — lock loss; the dead-letter command's
+                    errors
+``delivery``        one delivery: ack, retry, dead-letter, release — :class:`ServiceBusDelivery`:
+                    complete, abandon, copies, held retry
+``renewal``         keeping held deliveries locked — every held lock renewed at half its remaining
+                    time
+``subscription``    one queue's receive loop — receive exactly as many messages as there are slots
+``consumer``        the consumer: subscriptions, pause and resume, close —
+                    :class:`ServiceBusConsumer`: pumps, shutdown
+``publisher``       the relay's confirmed publishes — :class:`ServiceBusPublisher`
+``batching``        calls sent in batches — one entity's publishes as ``ServiceBusMessageBatch``-es
+``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) —
+                    :class:`ServiceBusDeadLetters`: ``<entity>/$DeadLetterQueue``
+``sessions``        broker-only: a session entity, sessions in parallel, each one's messages in
+                    order
+``route``           broker-only: a delivery's receiver and session lock
+``copies``          broker-only: the sender of retry and release copies (and the queue's size limit)
+``counters``        broker-only: the names the consumer counts
+                    (:class:`consumer_kit.counters.Counters`)
+==================  ================================================================================
 
 Mapping (details in each module):
 
@@ -78,9 +89,9 @@ Entry points (``consumer_kit.brokers``, schemes ``servicebus`` and ``sb``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusSettings
+from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings
 from adapters.servicebus.consumer import ServiceBusConsumer
 from adapters.servicebus.counters import ConsumerCounters
 from adapters.servicebus.dead_letters import ServiceBusDeadLetters
@@ -89,6 +100,7 @@ from adapters.servicebus.envelope import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_I
 from adapters.servicebus.publisher import ServiceBusPublisher
 from adapters.servicebus.redelivery import GiveBacks
 from adapters.servicebus.topology import Entity
+from consumer_kit.settings import Settings
 
 __all__ = [
     "DELIVERIES_PROPERTY",
@@ -98,6 +110,7 @@ __all__ = [
     "Entity",
     "GiveBacks",
     "Namespace",
+    "ServiceBusConfig",
     "ServiceBusConsumer",
     "ServiceBusDeadLetters",
     "ServiceBusDelivery",
@@ -109,39 +122,39 @@ __all__ = [
 ]
 
 
-def consumer_from_settings(settings: Any) -> ServiceBusConsumer:
+def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
     """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
-    (``consumer_kit.settings.Settings``; ``settle_timeout`` bounds settlements) and the
-    ``CONSUMER_KIT_SERVICEBUS_*`` settings.
+    (``settle_timeout`` bounds settlements) and the ``CONSUMER_KIT_SERVICEBUS_*`` settings
+    (:class:`~adapters.servicebus.config.ServiceBusConfig`).
 
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
+    config = ServiceBusConfig.from_settings(settings)
     return ServiceBusConsumer(
-        Namespace.from_settings(settings.broker_url, adapter),
-        session_entities=adapter.session_entities,
+        config.namespace,
+        session_entities=config.adapter.session_entities,
         settle_timeout=settings.settle_timeout,
-        receive_wait=adapter.receive_wait,
+        receive_wait=config.adapter.receive_wait,
     )
 
 
-def publisher_from_settings(settings: Any) -> ServiceBusPublisher:
+def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
     """Entry point ``consumer_kit.brokers: servicebus``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirmation.
 
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
+    config = ServiceBusConfig.from_settings(settings)
     return ServiceBusPublisher(
-        Namespace.from_settings(settings.broker_url, adapter),
+        config.namespace,
         confirm_timeout=settings.settle_timeout,
-        batch_max_messages=adapter.publish_batch_max_messages,
+        batch_max_messages=config.adapter.publish_batch_max_messages,
     )
 
 
-def dead_letters_from_settings(settings: Any) -> ServiceBusDeadLetters:
+def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
     """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
     subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
     :mod:`adapters.servicebus.dead_letters`); a redrive's receive waits
@@ -150,7 +163,12 @@ def dead_letters_from_settings(settings: Any) -> ServiceBusDeadLetters:
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
     """
-    adapter = ServiceBusSettings()
-    return ServiceBusDeadLetters(
-        Namespace.from_settings(settings.broker_url, adapter), receive_wait=adapter.receive_wait,
-    )
+    config = ServiceBusConfig.from_settings(settings)
+    return ServiceBusDeadLetters(config.namespace, receive_wait=config.adapter.receive_wait)
+
+
+if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
+    import adapters.servicebus
+    from consumer_kit.brokers import DeadLetterAdapter
+
+    _PROVIDES: DeadLetterAdapter = adapters.servicebus

@@ -28,6 +28,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.settings import Settings
 
 SCHEMES = ("servicebus", "sb")
 """Broker URL schemes this adapter is registered for (``consumer_kit.brokers`` entry points)."""
@@ -129,6 +130,30 @@ class Namespace:
         emulator = fields.get("usedevelopmentemulator", "").lower() == "true"
         how = f"shared access key {key_name}" if key_name else "shared access signature"
         return cls(host, connection_string, f"sb://{host} ({how}{', emulator' if emulator else ''})")
+
+
+@dataclass(frozen=True)
+class ServiceBusConfig:
+    """What the adapter takes from consumer-kit's settings and its own.
+
+    Attributes:
+        namespace: the namespace the broker URL and ``CONSUMER_KIT_SERVICEBUS_CONNECTION_STRING``
+            name together.
+        adapter: the ``CONSUMER_KIT_SERVICEBUS_*`` settings.
+    """
+
+    namespace: Namespace
+    adapter: ServiceBusSettings
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServiceBusConfig:
+        """Read ``settings.broker_url`` and the ``CONSUMER_KIT_SERVICEBUS_*`` environment.
+
+        Raises:
+            ConfigurationError: the URL and the connection string do not name a namespace.
+        """
+        adapter = ServiceBusSettings()
+        return cls(Namespace.from_settings(settings.broker_url, adapter), adapter)
 
 
 def connection_string_fields(connection_string: str) -> dict[str, str]:

@@ -1,8 +1,8 @@
-"""Counters for every Service Bus consumer event an operator may ask about."""
+"""What a Service Bus consumer counts: the names (kept the core's way, :mod:`consumer_kit.counters`)."""
 
 from __future__ import annotations
 
-import collections
+from consumer_kit.counters import Counters
 
 NAMES = (
     "received",          # deliveries handed to the worker
@@ -22,17 +22,9 @@ NAMES = (
 )
 
 
-class ConsumerCounters:
-    """``counters["locks_lost"]`` etc.; every name in :data:`NAMES` starts at 0."""
+class ConsumerCounters(Counters):
+    """``counters["locks_lost"]`` etc. (:class:`consumer_kit.counters.Counters`); every name in
+    :data:`NAMES` starts at 0."""
 
     def __init__(self) -> None:
-        self._counts: collections.Counter[str] = collections.Counter({name: 0 for name in NAMES})
-
-    def add(self, name: str, amount: int = 1) -> None:
-        self._counts[name] += amount
-
-    def __getitem__(self, name: str) -> int:
-        return self._counts[name]
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self._counts)
+        super().__init__(NAMES)

@@ -1,63 +1,48 @@
 """Listing and redriving the dead letters of a Service Bus queue or subscription (``consumer-kit
-dlq``; contract: :class:`consumer_kit.broker.DeadLetterQueues`).
+dlq``; contract: :class:`consumer_kit.broker.DeadLetterQueues`; the loop:
+:class:`consumer_kit.dead_letters.Redrive`).
 
-**Which queue.** The dead-letter sub-queue ``<entity>/$DeadLetterQueue`` of the queue or the
-``topic/Subscriptions/name`` asked for, read with the SDK's ``sub_queue=ServiceBusSubQueue.DEAD_LETTER``
-receiver (never a session receiver: a dead-letter sub-queue does not lock by session). It holds
-that entity's dead letters only.
+**Which queue.** ``<entity>/$DeadLetterQueue`` of the queue or ``topic/Subscriptions/name`` asked
+for, read with a ``sub_queue=ServiceBusSubQueue.DEAD_LETTER`` receiver (never a session receiver: a
+dead-letter sub-queue does not lock by session). It holds that entity's dead letters only.
 
-**Peek**: ``peek_messages`` (Service Bus's browse: no lock, the delivery count untouched), pages of
-:data:`PEEK_PAGE` from sequence number 1 on: oldest first, in sequence order.
+**Peek**: ``peek_messages`` (no lock, the delivery count untouched), pages of :data:`PEEK_PAGE`
+from sequence number 1 on: oldest first. **Count**: the messages one peek pass finds, at most
+:data:`COUNT_LIMIT`. Service Bus's own count (``get_queue_runtime_properties``) needs the HTTPS
+management API and *Manage* rights; consumer-kit speaks AMQP only, with a worker's rights
+(*Listen*, and *Send* to redrive), and the local test server has no management API.
 
-**Count**: the messages one peek pass finds, at most :data:`COUNT_LIMIT` (a larger dead-letter
-queue answers :data:`COUNT_LIMIT`). Service Bus's own count (``dead_letter_message_count`` of
-``ServiceBusAdministrationClient.get_queue_runtime_properties``) needs its HTTPS management API
-and *Manage* rights; consumer-kit speaks AMQP only, with the rights a worker has (*Listen*, and
-*Send* to redrive), and the local test server has no management API. The pass costs one peek per
-:data:`PEEK_PAGE` messages, bodies included.
-
-**What a dead letter shows** (:func:`dead_letter_of`): the reason is ``DeadLetterReason`` as
-consumer-kit set it (``max_deliveries_exceeded:RetryableError``, ``payload_conflict``, ...) or,
-for one of Service Bus's own (:data:`SERVICE_BUS_REASONS`: ``MaxDeliveryCountExceeded``,
-``TTLExpiredException``, ...), ``broker:<reason>``; the detail is ``DeadLetterErrorDescription``;
-the message id is the one consumer-kit saw (``x-consumer-kit-message-id`` of a retry copy, else
-the message's); the delivery count is ``x-consumer-kit-deliveries + delivery_count + 1`` for a
-message dead-lettered by a receiver (what the worker counted), ``x-consumer-kit-deliveries +
-delivery_count`` for one Service Bus moved (its count already holds the last delivery). The
-dead-letter sub-queue counts its own receives too: each earlier redrive that locked and kept the
-message (see below) adds one. Service Bus keeps no dead-letter time: ``dead_lettered_at`` is
-``None`` and ``enqueued_at`` is the message's enqueued time (``consumer-kit dlq list`` takes
-first and last failure from the ledger).
+**What a dead letter shows** (:func:`dead_letter_of`): reason ``DeadLetterReason`` as consumer-kit
+set it, or ``broker:<reason>`` for one of Service Bus's own (:data:`SERVICE_BUS_REASONS`); detail
+``DeadLetterErrorDescription``; the message id consumer-kit saw (``x-consumer-kit-message-id`` of
+a retry copy, else the message's); delivery count ``x-consumer-kit-deliveries + delivery_count +
+1`` when a receiver dead-lettered it (what the worker counted), without the ``+ 1`` when Service Bus
+moved it (its count holds the last delivery); each earlier redrive that locked and kept the
+message adds one. Service Bus keeps no dead-letter time: ``dead_lettered_at`` is ``None``,
+``enqueued_at`` the message's enqueued time.
 
 **Redrive** (queues only), in two steps:
 
-1. *Choose*: one peek pass over the dead-letter queue calls ``select`` on each message there (no
-   lock). That pass is the start line: messages dead-lettered after it (a redriven message that
-   fails again at once, say) are left for the next redrive. A dry run ends here, having locked
-   nothing.
+1. *Choose*: one peek pass calls ``select`` on each message there (no lock). That pass is the
+   start line: messages dead-lettered after it are left for the next redrive. A dry run ends here.
 2. *Move*: receive in peek-lock, oldest first, at most as many at a time as chosen messages are
-   still missing. A chosen message gets a copy sent to the queue (:func:`~adapters.servicebus.
-   messages.redrive_copy_of`: same body, session id, correlation id, subject and application
-   properties, the message id consumer-kit saw in ``x-consumer-kit-message-id``, no dead-letter
-   properties, its delivery count starting again) and is completed **only after** Service Bus
-   accepted the send: at least once. A crash (or a failed completion) in between leaves it in
-   both places, and a second redrive sends it again, which the ledger answers as a duplicate.
-   Every other message received (not chosen; arrived after step 1; back after its lock lapsed)
-   is held, locked, until the end and then abandoned: it stays in the dead-letter queue with
-   one more on its delivery count. The step ends once every chosen message is moved, so
-   messages after the last chosen one are not touched, or when a receive brings nothing new
-   within ``receive_wait`` seconds; chosen messages never received (locked by another receiver,
-   or removed meanwhile) are counted as failed.
+   still missing. A chosen message gets a copy sent to the queue
+   (:func:`~adapters.servicebus.envelope.redrive_copy_of`: same body, session id, correlation id,
+   subject and application properties, no dead-letter properties, its delivery count starting
+   again) and is completed **only after** Service Bus accepted the send: at least once (a crash in
+   between leaves it in both places; the ledger answers the second as a duplicate). Every other
+   message received (not chosen, arrived after step 1, back after its lock lapsed) is held until
+   the end and then abandoned (one more on its delivery count). The step ends once every chosen
+   message is moved, or when a receive brings nothing new within ``receive_wait`` seconds; chosen
+   messages never received (locked elsewhere, or removed) count as failed.
 
-   The copy's own message id is derived from the dead letter (entity, sequence number, message
-   id) and is never the original's: an entity with duplicate detection would silently drop a
-   copy under an id it saw within its window, and the dead letter would be completed with
-   nothing delivered; a second send of the same dead letter (after a crash) has the same id,
-   which duplicate detection, where on, drops.
+The copy's own message id is derived from the dead letter (entity, sequence number, message id),
+never the original's: duplicate detection would silently drop a copy under an id it saw within its
+window, and the dead letter would be completed with nothing delivered; a second send of the same
+dead letter (after a crash) has the same id, which duplicate detection, where on, drops.
 
-**Subscriptions** are listed and counted, never redriven: Service Bus cannot send to one
-subscription, and a copy sent to the topic reaches every subscription of it (and the others'
-rules). :meth:`ServiceBusDeadLetters.redrive` refuses them (dry runs too).
+**Subscriptions** are listed and counted, never redriven (dry runs too): Service Bus cannot send
+to one subscription, and a copy sent to the topic reaches every subscription of it.
 """
 
 from __future__ import annotations
@@ -82,10 +67,11 @@ from adapters.servicebus.envelope import (
     message_id_of,
     redrive_copy_of,
 )
-from adapters.servicebus.errors import ENTITY_MISSING, LOCK_LOST, describe, is_refusal
+from adapters.servicebus.errors import LOCK_LOST, dead_letter_error, describe, is_refusal
 from adapters.servicebus.limits import TooLarge, check_fits_alone
 from adapters.servicebus.topology import Entity, sender_for
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveProgress, RedriveReport
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -105,9 +91,6 @@ RECEIVE_BATCH = 50
 CALL_TIMEOUT = 30.0
 """Seconds any one SDK call may take (the SDK hangs instead of failing against a server that
 answers wrongly, so every call is bounded)."""
-
-REASON_ON_COPY_CHARS = 200
-"""``x-consumer-kit-redriven`` carries the dead letter's reason cut to this many characters."""
 
 SERVICE_BUS_REASONS = frozenset({
     "MaxDeliveryCountExceeded", "TTLExpiredException", "HeaderSizeExceeded", "MaxTransferHopCountExceeded",
@@ -130,7 +113,10 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             brings nothing new ends the redrive's second step.
 
     Raises:
-        ValueError: on invalid arguments.
+        ValueError: on invalid arguments (here). Every method raises ``ConfigurationError`` for a
+            name that is not a queue or ``topic/Subscriptions/name``, no such entity, or access
+            refused, and ``ConnectionError`` when Service Bus cannot be reached or did not answer
+            in time.
     """
 
     def __init__(self, namespace: Namespace, *, call_timeout: float = CALL_TIMEOUT, receive_wait: float = 1.0) -> None:
@@ -144,12 +130,7 @@ class ServiceBusDeadLetters(DeadLetterQueues):
 
     async def count(self, queue: str) -> int:
         """Dead letters of ``queue`` now, at most :data:`COUNT_LIMIT` (by peeking; module docstring).
-
-        Raises:
-            ConfigurationError: not a queue or ``topic/Subscriptions/name``, no such entity, or
-                access refused.
-            ConnectionError: Service Bus cannot be reached or did not answer in time.
-        """
+        Raises as the class says."""
         entity = _entity(queue)
         total = 0
         async for page in self._browse(entity, COUNT_LIMIT):
@@ -158,21 +139,12 @@ class ServiceBusDeadLetters(DeadLetterQueues):
 
     async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
         """Up to ``limit`` dead letters of ``queue``, oldest (lowest sequence number) first, by
-        ``peek_messages``: nothing is locked or counted.
-
-        Raises:
-            ConfigurationError: not a queue or ``topic/Subscriptions/name``, no such entity, or
-                access refused.
-            ConnectionError: Service Bus cannot be reached or did not answer in time.
-        """
+        ``peek_messages``: nothing is locked or counted. Raises as the class says."""
         entity = _entity(queue)
         return [dead_letter_of(message, queue) async for page in self._browse(entity, limit) for message in page]
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
-        """Move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
+        """:meth:`redrive`: move the dead letters of the queue ``queue`` that ``select`` accepts back to it: choose
         by one peek pass, then copy and complete each (module docstring). ``failed`` counts copies
         Service Bus refused or that do not fit the queue's size limit, and chosen messages that
         were never received; they stay in the dead-letter queue (unless removed meanwhile).
@@ -192,23 +164,17 @@ class ServiceBusDeadLetters(DeadLetterQueues):
                 "`consumer-kit dlq list`; resubmit to the topic yourself if every subscription may "
                 "get them again"
             )
-        report = RedriveReport()
         chosen: set[int] = set()
+        choosing = _Redrive(asked, entity, call_timeout=self._call_timeout,
+                            fail=lambda what, exc: self._error(entity, what, exc))
         async for page in self._browse(entity, sys.maxsize):  # step 1: the start line
             for message in page:
                 letter = dead_letter_of(message, queue)
-                selected = select(letter)
-                if not selected:
-                    report.kept += 1
-                elif dry_run:
-                    report.redriven += 1
-                else:
+                if choosing.choose(letter):
                     chosen.add(message.sequence_number or 0)
-                if progress is not None and (dry_run or not selected):
-                    progress(letter, selected)
         if chosen:
-            await self._move(entity, queue, chosen, report, progress)
-        return report
+            await self._move(entity, queue, chosen, choosing)
+        return choosing.report
 
     async def close(self) -> None:
         """Close the receivers and the client (idempotent)."""
@@ -221,17 +187,15 @@ class ServiceBusDeadLetters(DeadLetterQueues):
 
     # -- step 2 of a redrive ----------------------------------------------------------------------
 
-    async def _move(
-        self, entity: Entity, queue: str, chosen: set[int], report: RedriveReport, progress: RedriveProgress | None,
-    ) -> None:
+    async def _move(self, entity: Entity, queue: str, chosen: set[int], run: _Redrive) -> None:
         """Receive until every chosen message is moved or a receive brings nothing new; abandon
         what was held, whatever happens."""
         client = self._client()
         receiver = entity.dead_letter_receiver(client)
         sender = sender_for(client, entity.path)
+        run.links = (receiver, sender)
         missing = set(chosen)  # chosen and not received yet
         seen: set[int] = set()
-        held: list[ServiceBusReceivedMessage] = []
         try:
             # Opened first: a receive's short wait would also bound opening the link.
             await self._call(entity, "open a receiver", receiver.__aenter__())
@@ -247,73 +211,23 @@ class ServiceBusDeadLetters(DeadLetterQueues):
                     new = new or number not in seen
                     seen.add(number)
                     if number not in missing:  # not chosen, arrived since step 1, or back after a lapse
-                        held.append(message)
+                        run.held.append(message)
                         continue
                     missing.discard(number)
-                    letter = dead_letter_of(message, queue)
-                    moved = await self._send_back(entity, sender, receiver, message, letter, report, held)
-                    if progress is not None:
-                        progress(letter, moved)
+                    if not await run.move(message, dead_letter_of(message, queue)):
+                        run.held.append(message)  # the copy was refused: left, given back at the end
                 if not new:
                     break
         finally:
-            await self._give_back(entity, receiver, held)
+            await self._give_back(entity, receiver, run.held)
             await close_quietly(sender, self._call_timeout, f"the redrive sender of {entity.path}")
             await close_quietly(receiver, self._call_timeout, f"the redrive receiver of {entity.dead_letter_path}")
         if missing:
-            report.failed += len(missing)
+            run.report.failed += len(missing)
             logger.warning(
                 "%s chosen dead letter(s) of %s were not received (locked by another receiver, or "
                 "removed meanwhile): not redriven", len(missing), entity.path,
             )
-
-    async def _send_back(
-        self, entity: Entity, sender: ServiceBusSender, receiver: ServiceBusReceiver,
-        message: ServiceBusReceivedMessage, letter: DeadLetter, report: RedriveReport,
-        held: list[ServiceBusReceivedMessage],
-    ) -> bool:
-        """Send the copy of one dead letter, then complete it. ``False`` (counted as failed, the
-        message held and left) when the copy does not fit or Service Bus refuses it.
-
-        Raises:
-            ConfigurationError: the queue is gone, or sending to it is not allowed.
-            ConnectionError: the send failed otherwise (unknown whether it arrived: left in the
-                dead-letter queue, a repeat is a duplicate).
-        """
-        copy_id = str(uuid.uuid5(_COPY_IDS, f"{entity.path}/{message.sequence_number}/{letter.message_id}"))
-        what = f"redrive copy of message_id={letter.message_id}"
-        try:
-            async with asyncio.timeout(self._call_timeout):
-                copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
-                                       message_id=letter.message_id, reason=letter.reason[:REASON_ON_COPY_CHARS])
-                try:
-                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
-                except TooLarge:  # the record of the reason is the one thing that may go
-                    copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
-                                           message_id=letter.message_id, reason=None)
-                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
-                await sender.send_messages(copy)
-        except Exception as exc:
-            if isinstance(exc, TooLarge) or (is_refusal(exc) and not isinstance(exc, ServiceBusAuthorizationError)):
-                held.append(message)
-                report.failed += 1
-                logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
-                               letter.message_id, entity.path, describe(exc))
-                return False
-            raise self._error(entity, "send", exc) from exc
-        report.redriven += 1
-        try:  # only now: a crash before this line leaves the message in both places (a duplicate)
-            async with asyncio.timeout(self._call_timeout):
-                await receiver.complete_message(message)
-        except Exception as exc:  # noqa: BLE001 - sent: it counts as redriven either way
-            if not isinstance(exc, LOCK_LOST):
-                held.append(message)  # still locked, maybe: abandoned at the end
-            logger.warning(
-                "redriven message_id=%s to %s but could not complete it in %s (%s): it stays there "
-                "too; redriving it again is answered as a duplicate",
-                letter.message_id, entity.path, entity.dead_letter_path, describe(exc),
-            )
-        return True
 
     async def _give_back(self, entity: Entity, receiver: ServiceBusReceiver, held: list[ServiceBusReceivedMessage]) -> None:
         """Abandon every held message (each goes back with one more on its delivery count). A lock
@@ -361,8 +275,6 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             receiver = self._browsers[entity.path] = entity.dead_letter_receiver(self._client())
         return receiver
 
-    # -- helpers ---------------------------------------------------------------------------------
-
     def _client(self) -> ServiceBusClient:
         if self._connection is None:
             self._connection = Connection(self._namespace, name="consumer-kit dlq")
@@ -377,25 +289,60 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             raise self._error(entity, what, exc) from exc
 
     def _error(self, entity: Entity, what: str, exc: Exception) -> Exception:
-        """The :class:`ConfigurationError` (a user can fix it) or :class:`ConnectionError` for a
-        failed SDK call."""
-        where = self._namespace.description
-        if isinstance(exc, ENTITY_MISSING):
-            return ConfigurationError(
-                f"no Service Bus queue or subscription {entity.path!r} at {where} ({describe(exc)}); "
-                "a subscription is written topic/Subscriptions/name"
-            )
-        if isinstance(exc, ServiceBusAuthorizationError):
-            return ConfigurationError(
-                f"{where} refused {what} on {entity.dead_letter_path}: {describe(exc)} (consumer-kit dlq "
-                "needs Listen rights, and Send to redrive)"
-            )
-        if isinstance(exc, TimeoutError):
-            return ConnectionError(
-                f"Service Bus at {where} did not answer {what} on {entity.dead_letter_path} within "
-                f"{self._call_timeout:g} s"
-            )
-        return ConnectionError(f"{what} on {entity.dead_letter_path} at {where} failed: {describe(exc)}")
+        return dead_letter_error(exc, what=what, entity=entity.path, dead_letters=entity.dead_letter_path,
+                                 where=self._namespace.description, call_timeout=self._call_timeout)
+
+
+class _Redrive(Redrive[ServiceBusReceivedMessage]):
+    """One redrive of one queue's dead letters: send the copy (:func:`redrive_copy_of`, checked
+    against the queue's size limit), then complete the dead letter. Step 1 chooses with it; step 2
+    sets ``links`` (the dead-letter receiver and the queue's sender it opened) and moves.
+    ``held``: messages locked, to give back at the end."""
+
+    def __init__(
+        self, asked: RedriveAsked, entity: Entity, *, call_timeout: float, fail: Callable[[str, Exception], Exception],
+    ) -> None:
+        super().__init__(asked, target=entity.path, source=entity.dead_letter_path)
+        self.held: list[ServiceBusReceivedMessage] = []
+        self._call_timeout = call_timeout
+        self._fail = fail  # the ConfigurationError or ConnectionError for a failed SDK call
+        self.links: tuple[ServiceBusReceiver, ServiceBusSender] | None = None
+
+    async def send_copy(self, message: ServiceBusReceivedMessage, letter: DeadLetter) -> None:
+        """Raises :class:`CopyRefused` when the copy does not fit or Service Bus refuses it;
+        :class:`ConfigurationError` when the queue is gone or sending to it is not allowed;
+        :class:`ConnectionError` when the send failed otherwise (unknown whether it arrived: left
+        in the dead-letter queue, a repeat is a duplicate)."""
+        assert self.links is not None, "step 2 sets the links before it moves"
+        _, sender = self.links
+        copy_id = str(uuid.uuid5(_COPY_IDS, f"{self._target}/{message.sequence_number}/{letter.message_id}"))
+        what = f"redrive copy of message_id={letter.message_id}"
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
+                                       message_id=letter.message_id, reason=letter.reason[:REASON_ON_COPY_CHARS])
+                try:
+                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
+                except TooLarge:  # the record of the reason is the one thing that may go
+                    copy = redrive_copy_of(message, letter.headers, letter.body, copy_id=copy_id,
+                                           message_id=letter.message_id, reason=None)
+                    await check_fits_alone(sender, copy, body_size=len(letter.body), what=what)
+                await sender.send_messages(copy)
+        except Exception as exc:
+            if isinstance(exc, TooLarge) or (is_refusal(exc) and not isinstance(exc, ServiceBusAuthorizationError)):
+                raise CopyRefused(describe(exc)) from exc
+            raise self._fail("send", exc) from exc
+
+    async def remove(self, message: ServiceBusReceivedMessage, letter: DeadLetter) -> None:
+        assert self.links is not None, "step 2 sets the links before it moves"
+        receiver, _ = self.links
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                await receiver.complete_message(message)
+        except Exception as exc:
+            if not isinstance(exc, LOCK_LOST):
+                self.held.append(message)  # still locked, maybe: abandoned at the end
+            raise RemoveFailed(describe(exc)) from exc
 
 
 def dead_letter_of(message: ServiceBusReceivedMessage, queue: str) -> DeadLetter:

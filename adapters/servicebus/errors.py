@@ -32,6 +32,7 @@ from azure.servicebus.exceptions import (
 )
 
 from consumer_kit.broker import PublishError
+from consumer_kit.errors import ConfigurationError
 
 LOCK_LOST = (MessageLockLostError, SessionLockLostError)
 """The delivery is no longer ours: never settle it as done, let the broker redeliver it."""
@@ -76,3 +77,27 @@ def publish_error(exc: BaseException, message_id: str, entity: str, *, alone: bo
     if isinstance(exc, TimeoutError):
         return PublishError(f"publish of message_id={message_id} to {entity!r} not confirmed in time")
     return PublishError(f"publish of message_id={message_id} to {entity!r} not confirmed: {describe(exc)}")
+
+
+def dead_letter_error(
+    exc: Exception, *, what: str, entity: str, dead_letters: str, where: str, call_timeout: float,
+) -> Exception:
+    """The :class:`ConfigurationError` (a user can fix it) or :class:`ConnectionError` for an SDK
+    call ``what`` (``"peek"``, ``"send"``, ...) of ``consumer-kit dlq`` that failed with ``exc``, on
+    the ``entity`` whose dead-letter sub-queue is ``dead_letters``, in the namespace ``where``;
+    ``call_timeout`` seconds bound each call."""
+    if isinstance(exc, ENTITY_MISSING):
+        return ConfigurationError(
+            f"no Service Bus queue or subscription {entity!r} at {where} ({describe(exc)}); "
+            "a subscription is written topic/Subscriptions/name"
+        )
+    if isinstance(exc, ServiceBusAuthorizationError):
+        return ConfigurationError(
+            f"{where} refused {what} on {dead_letters}: {describe(exc)} (consumer-kit dlq "
+            "needs Listen rights, and Send to redrive)"
+        )
+    if isinstance(exc, TimeoutError):
+        return ConnectionError(
+            f"Service Bus at {where} did not answer {what} on {dead_letters} within {call_timeout:g} s"
+        )
+    return ConnectionError(f"{what} on {dead_letters} at {where} failed: {describe(exc)}")

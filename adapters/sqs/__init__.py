@@ -1,27 +1,41 @@
 """AWS SQS adapter (boto3): deliveries in, settlement, publishers out.
 
 boto3 and botocore are imported only inside this package, and called only from worker threads
-(:mod:`adapters.sqs.connection`). One job per module:
+(:mod:`adapters.sqs.connection`). One job per module, the same modules in the same order under the
+same names in every adapter (``broker-only``: this broker alone needs it):
 
-================  ==================================================================================
-module            job
-================  ==================================================================================
-``config``        the ``sqs://`` broker URL (endpoint, region, long-poll wait, visibility, options)
-``connection``    one thread-safe boto3 client per adapter object, called from its own threads
-``errors``        SQS error codes; PublishError kinds; stale receipt handles
-``topology``      queue names, URLs and ARNs; attributes read from the queue; dead-letter queues
-``envelope``      headers as message attributes (at most 10); consumer-kit's attribute names; sizes
-``redelivery``    ``delivery_count`` and ``redelivered`` from ``ApproximateReceiveCount``
-``batching``      up to 10 entries per batch call, per queue
-``settlement``    batched deletes, visibility changes, copies; stale receipt handles
-``delivery``      :class:`SQSDelivery`: ack, retry, release, dead-letter, the lock's deadline
-``renewal``       extending the visibility of held deliveries; the 12-hour maximum
-``fifo``          FIFO message groups: one message of a group at a time, groups in parallel
-``subscription``  one queue's long-poll loop; broker duplicates
-``consumer``      :class:`SQSConsumer`: subscriptions, pause and resume, close
-``publisher``     :class:`SQSPublisher`: the relay's ``SendMessageBatch``
-``dead_letters``  :class:`SQSDeadLetters`: list and redrive a work queue's DLQ (``consumer-kit dlq``)
-================  ==================================================================================
+==================  ================================================================================
+module              job (the words before the dash are the same in every adapter)
+==================  ================================================================================
+``config``          the broker URL and what the adapter takes from the settings —
+                    :class:`SQSConfig`: the ``sqs://`` URL (endpoint, region, long-poll wait,
+                    visibility, options)
+``connection``      opening and closing connections — one thread-safe boto3 client per adapter
+                    object, called from its own threads
+``topology``        queue names; creating or reading queues — URLs and ARNs; attributes read from
+                    the queue; dead-letter queues
+``envelope``        consumer-kit's headers on this broker's messages — headers as message attributes
+                    (at most 10); consumer-kit's attribute names
+``redelivery``      ``delivery_count`` and ``redelivered`` — from ``ApproximateReceiveCount`` and
+                    our own give-backs
+``limits``          sizes checked before any send — the queue's ``MaximumMessageSize`` and the batch
+                    size; trimming a copy to fit
+``errors``          what a failure means; PublishError kinds — SQS error codes; stale receipt
+                    handles
+``delivery``        one delivery: ack, retry, dead-letter, release — :class:`SQSDelivery`: the
+                    lock's deadline
+``renewal``         keeping held deliveries locked — extending the visibility of held deliveries;
+                    the 12-hour maximum
+``subscription``    one queue's receive loop — the long-poll loop; broker duplicates
+``consumer``        the consumer: subscriptions, pause and resume, close — :class:`SQSConsumer`
+``publisher``       the relay's confirmed publishes — :class:`SQSPublisher`: ``SendMessageBatch``
+``batching``        calls sent in batches — up to 10 entries per batch call, per queue
+``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) — :class:`SQSDeadLetters`:
+                    a work queue's DLQ
+``settlement``      broker-only: batched deletes, visibility changes, copies; stale receipt handles
+``fifo``            broker-only: FIFO message groups, one message of a group at a time, groups in
+                    parallel
+==================  ================================================================================
 
 Mapping of the broker contract (``consumer_kit.broker``):
 
@@ -58,7 +72,7 @@ Entry points (``consumer_kit.brokers``, scheme ``sqs``): :func:`consumer_from_se
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from adapters.sqs.config import SQSConfig
 from adapters.sqs.connection import SQSClient
@@ -77,6 +91,7 @@ from adapters.sqs.envelope import (
 )
 from adapters.sqs.publisher import SQSPublisher
 from adapters.sqs.topology import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
+from consumer_kit.settings import Settings
 
 __all__ = [
     "DEAD_LETTER_DETAIL_ATTRIBUTE",
@@ -103,10 +118,9 @@ __all__ = [
 ]
 
 
-def consumer_from_settings(settings: Any) -> SQSConsumer:
-    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``consumer_kit.settings.Settings``
-    (``broker_url``, ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``,
-    ``handler_timeout``).
+def consumer_from_settings(settings: Settings) -> SQSConsumer:
+    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``settings`` (``broker_url``,
+    ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``, ``handler_timeout``).
 
     Raises:
         ConfigurationError: the ``sqs://`` URL is invalid.
@@ -114,14 +128,14 @@ def consumer_from_settings(settings: Any) -> SQSConsumer:
     return SQSConsumer(
         SQSConfig.from_url(settings.broker_url),
         max_deliveries=settings.max_deliveries,
-        crash_limit=getattr(settings, "crash_limit", 3),
+        crash_limit=settings.crash_limit,
         settle_timeout=settings.settle_timeout,
-        concurrency=getattr(settings, "concurrency", 8),
+        concurrency=settings.concurrency,
         handler_timeout=settings.handler_timeout,
     )
 
 
-def publisher_from_settings(settings: Any) -> SQSPublisher:
+def publisher_from_settings(settings: Settings) -> SQSPublisher:
     """Entry point ``consumer_kit.brokers: sqs``: a publisher for ``settings.broker_url``.
 
     Raises:
@@ -130,7 +144,7 @@ def publisher_from_settings(settings: Any) -> SQSPublisher:
     return SQSPublisher(SQSConfig.from_url(settings.broker_url))
 
 
-def dead_letters_from_settings(settings: Any) -> SQSDeadLetters:
+def dead_letters_from_settings(settings: Settings) -> SQSDeadLetters:
     """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
     ``settings.broker_url`` (``consumer-kit dlq``; :mod:`adapters.sqs.dead_letters`).
 
@@ -138,3 +152,10 @@ def dead_letters_from_settings(settings: Any) -> SQSDeadLetters:
         ConfigurationError: the ``sqs://`` URL is invalid.
     """
     return SQSDeadLetters(SQSConfig.from_url(settings.broker_url))
+
+
+if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
+    import adapters.sqs
+    from consumer_kit.brokers import DeadLetterAdapter
+
+    _PROVIDES: DeadLetterAdapter = adapters.sqs

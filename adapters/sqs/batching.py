@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from consumer_kit.counters import Counted, Counters
+
 logger = logging.getLogger(__name__)
 
 E = TypeVar("E")
@@ -37,6 +39,7 @@ SendBatch = Callable[[str, list[E]], Awaitable[list[R | BaseException]]]
 class Batcher(Generic[E, R]):
     """Sends entries in batches through ``send(queue_url, entries)``, which returns one result
     (or exception) per entry, in order; an exception from ``send`` itself fails the whole batch.
+    ``batches`` (in ``counters``) counts the batch calls made.
 
     Args:
         send: the batch call.
@@ -45,6 +48,8 @@ class Batcher(Generic[E, R]):
             that goes alone.
         max_in_flight: batch calls at once per queue.
     """
+
+    batches = Counted()
 
     def __init__(
         self,
@@ -61,7 +66,7 @@ class Batcher(Generic[E, R]):
         self._waiting: dict[str, list[_Pending[E, R]]] = {}
         self._in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
+        self.counters = Counters(("batches",))
 
     async def submit(self, queue_url: str, entry: E, size: int = 0) -> R:
         """Send ``entry`` (of ``size`` bytes) with the next batch for ``queue_url``; returns its

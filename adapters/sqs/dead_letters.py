@@ -46,7 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,19 +63,13 @@ from adapters.sqs.envelope import (
     ORIGINAL_QUEUE_ATTRIBUTE,
     PACKED_ATTRIBUTE,
     REDELIVERED_ATTRIBUTE,
-    fit,
     headers_of,
 )
 from adapters.sqs.errors import describe, is_unreachable
+from adapters.sqs.limits import fit
 from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
-from consumer_kit.broker import (
-    DeadLetter,
-    DeadLetterQueues,
-    RedriveProgress,
-    RedriveReport,
-    header_count,
-    header_text,
-)
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
@@ -143,85 +137,28 @@ class SQSDeadLetters(DeadLetterQueues):
             await self._make_visible(dlq, run)
         return sorted(found, key=_time_of)
 
-    async def redrive(
-        self, queue: str, select: Callable[[DeadLetter], bool], *, dry_run: bool = False,
-        progress: RedriveProgress | None = None,
-    ) -> RedriveReport:
+    async def _redrive(self, queue: str, asked: RedriveAsked) -> RedriveReport:
         work, dlq = await self._queues(queue)
         started_ms = int(time.time() * 1000)
-        report = RedriveReport()
         run = _Pass()
+        redrive = _Redrive(asked, self.client, work, dlq)
         try:
             while (batch := await self._receive(dlq, run, 10)) is not None:
                 for raw in batch:
                     letter = dead_letter_of(raw, queue, work)
                     if letter is None or _sent_ms(raw) > started_ms:  # another queue's, or arrived since
                         run.held.append(str(raw["ReceiptHandle"]))
-                        continue
-                    moved = select(letter)
-                    if moved and not dry_run:
-                        moved = await self._send_back(work, dlq, raw, letter, report)
-                        gone = moved  # sent back and deleted; else held, left in the DLQ
-                    else:
-                        report.redriven += 1 if moved else 0
-                        report.kept += 0 if moved else 1
-                        gone = False
-                    if not gone:
+                    elif not await redrive.look_at(raw, letter):  # not sent back: held, left in the DLQ
                         run.held.append(str(raw["ReceiptHandle"]))
-                    if progress is not None:
-                        progress(letter, moved)
         finally:
             await self._make_visible(dlq, run)
-        return report
+        return redrive.report
 
     async def close(self) -> None:
         if self._owns_client:
             await self.client.close()
 
     # -- helpers -----------------------------------------------------------------------------
-
-    async def _send_back(
-        self, work: QueueInfo, dlq: QueueInfo, raw: Mapping[str, Any], letter: DeadLetter, report: RedriveReport,
-    ) -> bool:
-        """Copy one dead letter to ``work``, then delete it from ``dlq``; ``False`` (counted as
-        failed, left in the dead-letter queue) when the copy does not fit or SQS refuses it."""
-        body = str(raw.get("Body", ""))
-        headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED}
-        headers[MESSAGE_ID_ATTRIBUTE] = letter.message_id
-        headers[REDRIVEN_ATTRIBUTE] = letter.reason[:200]
-        try:
-            attributes, _ = fit(body, headers, work.max_message_size, droppable=(REDRIVEN_ATTRIBUTE,))
-        except ValueError as exc:
-            return self._failed(report, letter, work, str(exc))
-        params: dict[str, Any] = {"QueueUrl": work.url, "MessageBody": body, "MessageAttributes": attributes}
-        if work.fifo:
-            params["MessageGroupId"] = raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP
-            params["MessageDeduplicationId"] = f"{raw['MessageId']}-redrive"
-        try:
-            await self.client.call("send_message", **params)
-        except Exception as exc:
-            if is_unreachable(exc):
-                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
-            return self._failed(report, letter, work, describe(exc))
-        report.redriven += 1
-        try:  # only now: a crash before this line leaves a copy in both queues (a duplicate)
-            await self.client.call("delete_message", QueueUrl=dlq.url, ReceiptHandle=raw["ReceiptHandle"])
-        except Exception as exc:
-            if is_unreachable(exc):
-                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
-            logger.warning(
-                "redriven message_id=%s to %s but could not delete it from %s (%s): it stays there "
-                "too; redriving it again is answered as a duplicate",
-                letter.message_id, work.name, dlq.name, describe(exc),
-            )
-        return True
-
-    @staticmethod
-    def _failed(report: RedriveReport, letter: DeadLetter, work: QueueInfo, why: str) -> bool:
-        report.failed += 1
-        logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
-                       letter.message_id, work.name, why)
-        return False
 
     async def _receive(self, dlq: QueueInfo, run: _Pass, most: int) -> list[dict[str, Any]] | None:
         """The next messages of ``dlq`` not seen in this pass (each now held), or ``None`` when the
@@ -264,8 +201,7 @@ class SQSDeadLetters(DeadLetterQueues):
         except ClientError as exc:
             raise ConfigurationError(f"SQS refused to describe {queue!r}: {describe(exc)}") from exc
         except Exception as exc:
-            if is_unreachable(exc):
-                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            raise_if_unreachable(exc)
             raise
 
     async def _call(self, operation: str, **params: Any) -> dict[str, Any]:
@@ -274,9 +210,52 @@ class SQSDeadLetters(DeadLetterQueues):
         except ClientError as exc:
             raise ConfigurationError(f"SQS refused {operation}: {describe(exc)}") from exc
         except Exception as exc:
-            if is_unreachable(exc):
-                raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
+            raise_if_unreachable(exc)
             raise
+
+
+class _Redrive(Redrive[Mapping[str, Any]]):
+    """One redrive from ``dlq`` to ``work``: ``SendMessage`` of the copy, then ``DeleteMessage``."""
+
+    def __init__(self, asked: RedriveAsked, client: SQSClient, work: QueueInfo, dlq: QueueInfo) -> None:
+        super().__init__(asked, target=work.name, source=dlq.name)
+        self._client = client
+        self._work = work
+        self._dlq = dlq
+
+    async def send_copy(self, raw: Mapping[str, Any], letter: DeadLetter) -> None:
+        """Raises :class:`CopyRefused` when the copy does not fit or SQS refuses it."""
+        body = str(raw.get("Body", ""))
+        headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED}
+        headers[MESSAGE_ID_ATTRIBUTE] = letter.message_id
+        headers[REDRIVEN_ATTRIBUTE] = letter.reason[:REASON_ON_COPY_CHARS]
+        try:
+            attributes, _ = fit(body, headers, self._work.max_message_size, droppable=(REDRIVEN_ATTRIBUTE,))
+        except ValueError as exc:
+            raise CopyRefused(str(exc)) from exc
+        params: dict[str, Any] = {"QueueUrl": self._work.url, "MessageBody": body, "MessageAttributes": attributes}
+        if self._work.fifo:
+            params["MessageGroupId"] = raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP
+            params["MessageDeduplicationId"] = f"{raw['MessageId']}-redrive"
+        try:
+            await self._client.call("send_message", **params)
+        except Exception as exc:
+            raise_if_unreachable(exc)
+            raise CopyRefused(describe(exc)) from exc
+
+    async def remove(self, raw: Mapping[str, Any], letter: DeadLetter) -> None:
+        try:
+            await self._client.call("delete_message", QueueUrl=self._dlq.url, ReceiptHandle=raw["ReceiptHandle"])
+        except Exception as exc:
+            raise_if_unreachable(exc)
+            raise RemoveFailed(describe(exc)) from exc
+
+
+def raise_if_unreachable(exc: Exception) -> None:
+    """Raise :class:`ConnectionError` (the command stops there) when ``exc`` says SQS cannot be
+    reached; return otherwise."""
+    if is_unreachable(exc):
+        raise ConnectionError(f"cannot reach SQS: {describe(exc)}") from exc
 
 
 def dead_letter_of(raw: Mapping[str, Any], queue: str, work: QueueInfo) -> DeadLetter | None:

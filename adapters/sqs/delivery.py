@@ -51,9 +51,9 @@ from adapters.sqs.envelope import (
     ORIGINAL_QUEUE_ATTRIBUTE,
     REDELIVERED_ATTRIBUTE,
     copy_headers,
-    fit,
     headers_of,
 )
+from adapters.sqs.limits import fit
 from adapters.sqs.redelivery import GIVE_BACKS
 from adapters.sqs.settlement import LockLost, Settler
 from adapters.sqs.topology import QueueInfo

@@ -1,4 +1,4 @@
-"""Headers as SQS message attributes, the attribute names consumer-kit uses, and message sizes.
+"""Headers as SQS message attributes, and the attribute names consumer-kit uses.
 
 SQS allows at most **10 message attributes** per message, each name 1 to 256 characters of
 ``A-Z a-z 0-9 _ - .`` (not starting with ``AWS.`` or ``Amazon.``, no leading, trailing or doubled
@@ -7,18 +7,13 @@ the operation's first (:data:`PRIORITY`); whatever does not fit that way (an ele
 name SQS does not allow, an empty value) travels in one ``x-consumer-kit-headers`` attribute
 holding a JSON object, which :func:`headers_of` unpacks again (:func:`consumer_kit.headers.unpack`;
 a malformed one makes the delivery ``invalid_header``), so a handler sees the same headers on
-every broker.
-
-Size (SQS counts it against the queue's ``MaximumMessageSize``)::
-
-    message size = UTF-8 bytes of the body
-                 + for each attribute: bytes of its name + its data type + its value
+every broker. Their size, against the queue's limit: :mod:`adapters.sqs.limits`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from consumer_kit import headers as ck_headers
@@ -75,7 +70,7 @@ def is_valid_name(name: str) -> bool:
 def attributes_for(headers: Mapping[str, Any]) -> Attributes:
     """``MessageAttributes`` carrying ``headers`` (values as strings), at most 10 of them; the
     headers that do not fit go into one packed JSON attribute (module docstring)."""
-    plain = {str(k): _text(v) for k, v in headers.items() if v is not None}
+    plain = {str(k): as_text(v) for k, v in headers.items() if v is not None}
     own = [n for n in plain if is_valid_name(n) and plain[n] != "" and n != PACKED_ATTRIBUTE]
     ranked = sorted(own, key=lambda n: (PRIORITY.index(n) if n in PRIORITY else len(PRIORITY), len(plain[n])))
     if len(plain) > len(ranked) or len(ranked) > MAX_ATTRIBUTES:
@@ -99,48 +94,13 @@ def headers_of(attributes: Mapping[str, Mapping[str, Any]] | None) -> dict[str, 
     return ck_headers.unpack(flat)
 
 
-def size_of(body: str, attributes: Mapping[str, Mapping[str, Any]]) -> int:
-    """Bytes SQS counts for a message (formula in the module docstring)."""
-    size = len(body.encode("utf-8"))
-    for name, attribute in attributes.items():
-        value = attribute.get("StringValue", attribute.get("BinaryValue", b""))
-        value_size = len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8"))
-        size += len(name.encode("utf-8")) + len(str(attribute.get("DataType", "")).encode("utf-8")) + value_size
-    return size
-
-
 def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     """The headers a copy starts from: the delivery's, without the per-copy ones."""
     return {k: v for k, v in headers.items() if k not in NOT_COPIED}
 
 
-def fit(
-    body: str, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str]
-) -> tuple[Attributes, list[str]]:
-    """Attributes for a copy of ``body`` with ``headers`` that fit ``limit`` bytes, and the names
-    of the headers left out to make it fit: first every header not in :data:`PRIORITY` (largest
-    first), then ``droppable`` in its order.
-
-    Raises:
-        ValueError: it does not fit even without them (the message names both sizes).
-    """
-    current = dict(headers)
-    order = sorted((n for n in current if n not in PRIORITY), key=lambda n: -len(_text(current[n])))
-    order += [n for n in droppable if n in current and n not in order]
-    dropped: list[str] = []
-    while True:
-        attributes = attributes_for(current)
-        size = size_of(body, attributes)
-        if size <= limit:
-            return attributes, dropped
-        if not order:
-            raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
-        name = order.pop(0)
-        del current[name]
-        dropped.append(name)
-
-
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A header value as the string an attribute carries (bytes decoded as UTF-8, bad bytes replaced)."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value if isinstance(value, str) else str(value)

@@ -29,7 +29,7 @@ from adapters.sqs.batching import Batcher
 from adapters.sqs.config import SQSConfig
 from adapters.sqs.connection import SQSClient
 from adapters.sqs.delivery import DEFAULT_GROUP
-from adapters.sqs.envelope import MESSAGE_ID_ATTRIBUTE, attributes_for, size_of
+from adapters.sqs.envelope import MESSAGE_ID_ATTRIBUTE, attributes_for
 from adapters.sqs.errors import (
     BATCH_TOO_LONG,
     describe,
@@ -38,15 +38,13 @@ from adapters.sqs.errors import (
     is_unreachable,
     publish_error,
 )
+from adapters.sqs.limits import BATCH_MAX_BYTES, size_of
 from adapters.sqs.topology import QueueDirectory, QueueInfo
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
-
-BATCH_MAX_BYTES = 1_048_576
-"""The most bytes of messages one ``SendMessageBatch`` carries (SQS: 1 MiB)."""
 
 ROUTING_KEY_ATTRIBUTE = "routing-key"
 

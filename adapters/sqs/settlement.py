@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from adapters.sqs.batching import Batcher
 from adapters.sqs.connection import SQSClient
 from adapters.sqs.errors import entry_code, is_stale, is_stale_receipt
+from consumer_kit.counters import Counted, Counters
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +63,20 @@ class Settler:
     """Settlement calls of one consumer, with their counters.
 
     Attributes:
+        counters: :class:`~consumer_kit.counters.Counters` of the three below.
         deletes: messages deleted (acks, and originals of copies).
         stale_receipts: deletes refused because the receipt handle was stale (each counted once).
         delete_retries: delete entries sent again after SQS failed them on its side.
     """
 
+    deletes = Counted()
+    stale_receipts = Counted()
+    delete_retries = Counted()
+
     def __init__(self, client: SQSClient) -> None:
         self._client = client
         self._deletes: Batcher[dict[str, str], None] = Batcher(self._delete_batch)
-        self.deletes = 0
-        self.stale_receipts = 0
-        self.delete_retries = 0
+        self.counters = Counters(("deletes", "stale_receipts", "delete_retries"))
 
     async def delete(self, held: Held) -> None:
         """Delete the message with every receipt handle it was received with here (the newest one

@@ -25,6 +25,7 @@ otherwise a missing queue is a start-up error.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -122,9 +123,12 @@ class QueueDirectory:
         self._account_id = account_id
         self._max_receive_count = max_receive_count
         self._cache: dict[str, QueueInfo] = {}
+        self._lookups: dict[str, asyncio.Task[QueueInfo]] = {}
 
     async def lookup(self, target: str) -> QueueInfo:
-        """The queue ``target`` names (URL, ARN or consumer-kit name).
+        """The queue ``target`` names (URL, ARN or consumer-kit name). Concurrent lookups of one
+        uncached target share one pair of calls and all resume together, so publishes that
+        arrived together still go out in one batch.
 
         Raises:
             LookupError: no such queue.
@@ -134,6 +138,15 @@ class QueueDirectory:
         cached = self._cache.get(target)
         if cached is not None:
             return cached
+        task = self._lookups.get(target)
+        if task is None:
+            task = asyncio.create_task(self._fetch(target), name=f"consumer-kit sqs lookup {target}")
+            self._lookups[target] = task
+            task.add_done_callback(lambda _: self._lookups.pop(target, None))
+        # shielded: one caller giving up (its own timeout) does not fail the others
+        return await asyncio.shield(task)
+
+    async def _fetch(self, target: str) -> QueueInfo:
         try:
             url = await self._url_of(target)
         except Exception as exc:

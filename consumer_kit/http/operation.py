@@ -23,8 +23,9 @@ from pydantic import BaseModel
 
 from consumer_kit.envelope import OPERATION_ID_HEADER, TENANT_HEADER
 from consumer_kit.errors import ConfigurationError, ContextSealed
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.outbox import PendingEvent, pending_event
+from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.outbox import pending_event
 
 _CURRENT: contextvars.ContextVar[Operation | None] = contextvars.ContextVar(
     "consumer_kit_http_operation", default=None

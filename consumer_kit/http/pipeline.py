@@ -49,7 +49,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from consumer_kit import crashpoints
-from consumer_kit import ledger as ledger_states
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.database import bounded
 from consumer_kit.errors import PermanentFailure
@@ -80,9 +79,12 @@ from consumer_kit.http.stored import (
     ResponseNotStorable,
     StoredResponse,
 )
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger import Fence, Ledger, OperationRow
+from consumer_kit.ledger import Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
+from consumer_kit.model import operation_row as ledger_states
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
+from consumer_kit.model.operation_row import OperationRow
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error
 from consumer_kit.transaction import (

@@ -31,7 +31,7 @@ from consumer_kit.http.stored import (
     REPLAYED_HEADER,
     stored_header_names,
 )
-from consumer_kit.ledger import Retention
+from consumer_kit.model.retention import Retention
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from typing import Any
 from starlette.requests import Request
 
 from consumer_kit.errors import ConfigurationError, InvalidMessage
-from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, OperationIdentity, normalize_key
+from consumer_kit.identity import MAX_SCOPE_PART_LENGTH, normalize_key
+from consumer_kit.model.identity import OperationIdentity
 
 
 def scope_tenant(client: str) -> str:

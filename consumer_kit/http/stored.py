@@ -29,7 +29,7 @@ from typing import Any
 from starlette.responses import Response
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.outcomes import StoredResult
+from consumer_kit.model.results import StoredResult
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 """Set to ``true`` on every replayed response (absent on the first one)."""

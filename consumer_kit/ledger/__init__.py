@@ -7,36 +7,18 @@ identifier, never formatted by hand).
 """
 
 from consumer_kit.ledger.attempts import AttemptBook, AttemptCounts, AttemptRecord
-from consumer_kit.ledger.evidence import EvidenceBook, EvidenceRecord
+from consumer_kit.ledger.evidence import EvidenceBook
 from consumer_kit.ledger.migrations import LEDGER_MIGRATIONS, migrate, missing_migrations, schema_ready
-from consumer_kit.ledger.operations import (
-    COMPLETED,
-    FAILED,
-    NEEDS_RECONCILIATION,
-    PROCESSING,
-    Claim,
-    Fence,
-    Ledger,
-    OperationRow,
-    Retention,
-)
+from consumer_kit.ledger.operations import Claim, Ledger
 
 __all__ = [
-    "COMPLETED",
-    "FAILED",
     "LEDGER_MIGRATIONS",
-    "NEEDS_RECONCILIATION",
-    "PROCESSING",
     "AttemptBook",
     "AttemptCounts",
     "AttemptRecord",
     "Claim",
     "EvidenceBook",
-    "EvidenceRecord",
-    "Fence",
     "Ledger",
-    "OperationRow",
-    "Retention",
     "migrate",
     "missing_migrations",
     "schema_ready",

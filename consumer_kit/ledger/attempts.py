@@ -24,7 +24,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.model.identity import OperationIdentity
 
 HISTORY_LENGTH = 20
 

@@ -9,16 +9,15 @@ or the take-over comes first and the write is refused.
 
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from consumer_kit.identity import OperationIdentity
-from consumer_kit.ledger.operations import Fence
+from consumer_kit.model.evidence import EvidenceRecord
+from consumer_kit.model.fence import Fence
+from consumer_kit.model.identity import OperationIdentity
 
 _RECORD = """
     WITH held AS (
@@ -35,18 +34,6 @@ _FETCH = """
     SELECT name, attempt, worker, facts, recorded_at FROM {evidence}
      WHERE scope = %s AND key = %s ORDER BY id
 """
-
-
-@dataclass(frozen=True)
-class EvidenceRecord:
-    """One recorded fact set: ``name`` of the call, the ``attempt`` (fencing token) and ``worker``
-    that recorded it, the ``facts`` (JSON object) and when (``recorded_at``, UTC)."""
-
-    name: str
-    attempt: int
-    worker: str
-    facts: dict[str, Any]
-    recorded_at: dt.datetime
 
 
 class EvidenceBook:

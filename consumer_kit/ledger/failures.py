@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.types.json import Jsonb
 
-from consumer_kit.identity import OperationIdentity
+from consumer_kit.model.identity import OperationIdentity
 
 
 class ClaimedFailures:

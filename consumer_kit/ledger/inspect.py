@@ -14,8 +14,9 @@ from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
 
 from consumer_kit.ledger.attempts import AttemptBook, AttemptRecord
-from consumer_kit.ledger.evidence import EvidenceBook, EvidenceRecord
-from consumer_kit.ledger.operations import COMPLETED, FAILED, NEEDS_RECONCILIATION, PROCESSING
+from consumer_kit.ledger.evidence import EvidenceBook
+from consumer_kit.model.evidence import EvidenceRecord
+from consumer_kit.model.operation_row import COMPLETED, FAILED, NEEDS_RECONCILIATION, PROCESSING
 
 STATES = (PROCESSING, COMPLETED, FAILED, NEEDS_RECONCILIATION)
 

@@ -16,7 +16,7 @@ module           job
 ``setup``        SDK set-up for the CLIs: Prometheus endpoint, OTLP export
 ===============  ===============================================================================
 
-In-process outcome counters (:class:`Counters`) feed ``consumer-kit demo``, the testing kit and
+In-process outcome counters (:class:`Counters`) feed the demo (``examples/invoices/demo.py``), the testing kit and
 health output.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 
-from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error, describe_traceback
 from consumer_kit.telemetry.logs import log_delivery

@@ -1,11 +1,7 @@
 """Structured logs: one line per settled delivery, a JSON formatter, and what may be logged.
 
-**What a log line may hold.** Ids (operation key, scope, message id, event ids, correlation id,
-downstream request ids), outcomes, reasons, counts and times; header values only of
-:data:`LOGGED_HEADERS`; evidence values only of facts whose name ends in ``_id``
-(:data:`EVIDENCE_ID_SUFFIX`). Never a payload, a result body or another header's value; exception
-texts appear only as :func:`~consumer_kit.telemetry.describe.describe_error` descriptions and
-frames-only tracebacks (an exception's message may quote the payload).
+**What a log line may hold** is said in :mod:`consumer_kit.telemetry.loggable`: ids, outcomes,
+reasons, counts and times; never a payload, a result body or a header's value outside its list.
 
 **The delivery line** (logger ``consumer_kit.runtime``; DEBUG for ``executed`` and ``duplicate``,
 WARNING for outcomes that need a look, INFO for the rest): as text,
@@ -24,18 +20,8 @@ from typing import TYPE_CHECKING, Any
 from consumer_kit.telemetry.describe import describe_traceback
 
 if TYPE_CHECKING:
-    from consumer_kit.outcomes import DeliveryReport
+    from consumer_kit.model.outcomes import DeliveryReport
     from consumer_kit.telemetry.tracing import DeliveryTrace
-
-LOGGED_HEADERS = frozenset({
-    "message-type", "correlation-id", "operation-id", "tenant-id", "event-id", "operation-scope",
-    "operation-key", "publish-attempt", "relay-id", "traceparent",
-})
-"""Headers whose values may appear in logs: ids and routing facts, never business data."""
-
-EVIDENCE_ID_SUFFIX = "_id"
-"""Evidence facts logged with their value: names ending in this (``provider_message_id``,
-``request_id``); other facts are named only by their evidence record's name."""
 
 FIELDS_ATTRIBUTE = "consumer_kit_fields"
 """The ``LogRecord`` attribute (``extra={FIELDS_ATTRIBUTE: {...}}``) the JSON formatter merges."""
@@ -52,20 +38,6 @@ _LOUD = {"payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed",
          "crashed_worker", "lease_lost", "key_expired"}
 
 logger = logging.getLogger("consumer_kit.runtime")
-
-
-def allowed_headers(headers: Mapping[str, Any]) -> dict[str, str]:
-    """The headers of :data:`LOGGED_HEADERS` present in ``headers`` (values as text)."""
-    found: dict[str, str] = {}
-    for name, value in headers.items():
-        if isinstance(name, str) and name.lower() in LOGGED_HEADERS:
-            found[name.lower()] = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    return found
-
-
-def evidence_ids(facts: Mapping[str, Any]) -> dict[str, str]:
-    """The id facts of an evidence record (names ending in :data:`EVIDENCE_ID_SUFFIX`)."""
-    return {k: str(v) for k, v in facts.items() if k.endswith(EVIDENCE_ID_SUFFIX) and v is not None}
 
 
 def level_of(outcome: str) -> int:

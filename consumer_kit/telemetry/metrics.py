@@ -31,7 +31,7 @@ from opentelemetry import metrics
 OPERATION_TYPE = "consumer_kit.operation.type"
 """The handler's ``operation_type`` (``invoice.create``); ``""`` before a handler was chosen."""
 OUTCOME = "consumer_kit.outcome"
-"""The runtime's outcome (:class:`~consumer_kit.outcomes.Outcome` values)."""
+"""The runtime's outcome (:class:`~consumer_kit.model.outcomes.Outcome` values)."""
 QUEUE = "messaging.destination.name"
 """The queue a delivery came from, or the destination an event was published to."""
 DEAD_LETTER_REASON = "consumer_kit.dead_letter.reason"

@@ -52,13 +52,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error
+from consumer_kit.telemetry.loggable import evidence_ids
 
 if TYPE_CHECKING:
     from consumer_kit.broker import Delivery
     from consumer_kit.decision import Decision
-    from consumer_kit.decoding import Decoded
     from consumer_kit.envelope import Envelope
-    from consumer_kit.outbox import PendingEvent
+    from consumer_kit.model.decoded import Decoded, NamedOperation
+    from consumer_kit.model.events import PendingEvent
 
 tracer = trace.get_tracer("consumer_kit")
 
@@ -138,7 +139,7 @@ class DeliveryTrace:
         correlation_id: the delivery's correlation id, if any.
         event_ids: event ids written to the outbox by this delivery's completion.
         evidence: ``(name, {fact: value})`` of each evidence record (id facts only, see
-            :data:`~consumer_kit.telemetry.logs.EVIDENCE_ID_SUFFIX`).
+            :data:`~consumer_kit.telemetry.loggable.EVIDENCE_ID_SUFFIX`).
     """
 
     __slots__ = ("correlation_id", "event_ids", "evidence", "operation_type", "span")
@@ -150,7 +151,7 @@ class DeliveryTrace:
         self.event_ids: list[str] = []
         self.evidence: list[tuple[str, dict[str, str]]] = []
 
-    def decoded(self, decoded: Decoded, envelope: Envelope) -> None:
+    def decoded(self, decoded: Decoded[NamedOperation], envelope: Envelope) -> None:
         """Steps 2 and 3 passed: name the operation on the span."""
         self.operation_type = decoded.handler.operation_type
         self.correlation_id = envelope.correlation_id
@@ -221,8 +222,6 @@ def note_evidence(name: str, facts: Mapping[str, Any]) -> None:
     """Remember an evidence record's name and its id facts (for the delivery's log line)."""
     notes = _current.get()
     if notes is not None:
-        from consumer_kit.telemetry.logs import evidence_ids
-
         notes.evidence.append((name, evidence_ids(facts)))
 
 

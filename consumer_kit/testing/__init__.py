@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from consumer_kit.crashpoints import CrashPoint
-    from consumer_kit.testing.harness import TERMINAL_OUTCOMES, Harness, Sent
+    from consumer_kit.testing.harness import Harness
+    from consumer_kit.testing.messages import Sent
+    from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 
 __all__ = ["TERMINAL_OUTCOMES", "CrashPoint", "Harness", "Sent"]
 
@@ -31,8 +33,16 @@ def __getattr__(name: str) -> Any:
         from consumer_kit.crashpoints import CrashPoint
 
         return CrashPoint
-    if name in ("TERMINAL_OUTCOMES", "Harness", "Sent"):
-        from consumer_kit.testing import harness
+    if name == "Harness":
+        from consumer_kit.testing.harness import Harness
 
-        return getattr(harness, name)
+        return Harness
+    if name == "Sent":
+        from consumer_kit.testing.messages import Sent
+
+        return Sent
+    if name == "TERMINAL_OUTCOMES":
+        from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
+
+        return TERMINAL_OUTCOMES
     raise AttributeError(f"module 'consumer_kit.testing' has no attribute {name!r}")

@@ -12,7 +12,7 @@ Example::
         kit.assert_outcomes({"executed": 1, "duplicate": 4})
         await kit.assert_one_effect("SELECT count(*) FROM invoices")
 
-Outcomes (``kit.reports``) are :class:`~consumer_kit.outcomes.DeliveryReport` objects, one per
+Outcomes (``kit.reports``) are :class:`~consumer_kit.model.outcomes.DeliveryReport` objects, one per
 delivery, including ``crashed`` ones. The harness imports the memory adapter through the
 ``consumer_kit.brokers`` entry point, like any other adapter.
 """
@@ -20,11 +20,9 @@ delivery, including ``crashed`` ones. The harness imports the memory adapter thr
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -34,25 +32,16 @@ from pydantic import BaseModel
 
 from consumer_kit import crashpoints
 from consumer_kit.app import App
-from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.broker import Delivery
 from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, TENANT_HEADER
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.handler import Handler
-from consumer_kit.ledger import COMPLETED, FAILED, migrate
-from consumer_kit.outcomes import DeliveryReport, Outcome
+from consumer_kit.ledger import migrate
+from consumer_kit.model.operation_row import COMPLETED, FAILED
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.settings import Settings
-
-#: Outcomes that end a delivery's life (the message left the queue). The others are steps on the
-#: way (``crashed``, ``in_progress``, ``retried``, ``uncertain``): ``assert_outcomes`` ignores them
-#: unless you name them.
-TERMINAL_OUTCOMES = frozenset(
-    {
-        Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.PAYLOAD_CONFLICT, Outcome.LEASE_RECOVERED,
-        Outcome.FAILED, Outcome.FAILED_RETAINED, Outcome.INVALID, Outcome.DEAD_LETTERED,
-        Outcome.KEY_EXPIRED, Outcome.CRASHED_WORKER,
-    }
-)
+from consumer_kit.testing.messages import Sent, encode_body, message_headers
+from consumer_kit.testing.outcomes import check_outcomes, count_outcomes, settled_reports
 
 SetupSQL = str | Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None
 
@@ -67,16 +56,6 @@ _TEST_SETTINGS: dict[str, Any] = {
     "settle_timeout": 5.0,
     "concurrency": 16,
 }
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One message put on the harness broker: what ``replay_all`` sends again."""
-
-    queue: str
-    body: bytes
-    headers: dict[str, Any]
-    message_id: str
 
 
 class Harness:
@@ -236,15 +215,11 @@ class Harness:
         are set when given; ``headers`` are added last and win.
         """
         handler = handler or self.handlers[0]
-        body = _encode(message)
-        all_headers: dict[str, Any] = {}
-        if message_type is not False:
-            all_headers[MESSAGE_TYPE_HEADER] = message_type if message_type is not None else type(handler).message_type
-        if operation_id is not None:
-            all_headers[OPERATION_ID_HEADER] = operation_id
-        if tenant is not None:
-            all_headers[TENANT_HEADER] = tenant
-        all_headers.update(headers or {})
+        body = encode_body(message)
+        all_headers = message_headers(
+            type(handler).message_type if message_type is None else message_type,
+            operation_id=operation_id, tenant=tenant, headers=headers,
+        )
         queue = self.queue_of(handler)
         message_id = message_id or str(uuid.uuid4())
         self.sent.append(Sent(queue, body, dict(all_headers), message_id))
@@ -356,7 +331,7 @@ class Harness:
 
     def outcomes(self, reports: Iterable[DeliveryReport] | None = None) -> Counter[str]:
         """Count of reports by outcome value."""
-        return Counter(r.outcome.value for r in (self.reports if reports is None else reports))
+        return count_outcomes(self.reports if reports is None else reports)
 
     # -- assertions ----------------------------------------------------------------------------
 
@@ -370,17 +345,7 @@ class Harness:
         occur at all; transient ones (``crashed``, ``in_progress``, ``retried``, ``uncertain``) are
         checked only when named.
         """
-        counts = self.outcomes(reports)
-        wanted = {Outcome(k).value: v for k, v in expected.items()}
-        actual = {
-            o.value: counts.get(o.value, 0)
-            for o in Outcome
-            if o.value in wanted or (o in TERMINAL_OUTCOMES and counts.get(o.value, 0))
-        }
-        wanted_full = {k: wanted.get(k, 0) for k in actual}
-        assert actual == wanted_full, (
-            f"outcomes {actual} != expected {wanted_full} (all reports: {dict(counts)})"
-        )
+        check_outcomes(self.outcomes(reports), expected)
 
     async def assert_one_effect(self, query: str, *params: Any, expected: int = 1) -> None:
         """Assert that ``query`` (a count of your effect, e.g. ``SELECT count(*) FROM invoices
@@ -400,10 +365,7 @@ class Harness:
 
     def settled(self, reports: Iterable[DeliveryReport] | None = None) -> list[DeliveryReport]:
         """Reports of deliveries that ended the message's life (acked or dead-lettered)."""
-        return [
-            r for r in (self.reports if reports is None else reports)
-            if r.settlement in (Settlement.ACK, Settlement.DEAD_LETTER)
-        ]
+        return settled_reports(self.reports if reports is None else reports)
 
 
 class _Armed:
@@ -414,13 +376,3 @@ class _Armed:
 
     def __exit__(self, *exc: object) -> None:
         crashpoints.disarm_all()
-
-
-def _encode(message: Any) -> bytes:
-    if isinstance(message, bytes):
-        return message
-    if isinstance(message, str):
-        return message.encode("utf-8")
-    if isinstance(message, BaseModel):
-        return message.model_dump_json().encode("utf-8")
-    return json.dumps(message, default=str).encode("utf-8")

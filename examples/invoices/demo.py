@@ -1,7 +1,8 @@
-"""``consumer-kit demo``: the invoices example against the embedded PostgreSQL and the memory broker.
+"""The demo: the invoices example against the embedded PostgreSQL and the memory broker.
 
-It lives with the example (not in ``consumer_kit``) because it wires everything together: the core,
-the memory adapter and the relay; the CLI only loads it by name.
+Run it from the repository root with ``python -m examples.invoices.demo``. It lives with the
+example (not in ``consumer_kit``) because it wires everything together: the core, the memory
+adapter and the relay; the core does not import it.
 
 It sends commands in phases (unique ones, duplicates sequential and concurrent, a resend with
 only ``requested_at`` changed, a conflicting amount, invalid bodies, a permanent failure and its
@@ -12,12 +13,14 @@ Exit code 0 when every check holds, 1 otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import sys
 from typing import Any
 
 import psycopg
+import typer
 from psycopg import sql
 from rich.console import Console
 from rich.table import Table
@@ -25,11 +28,12 @@ from rich.table import Table
 from adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit import crashpoints
 from consumer_kit.broker import Delivery
+from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
-from consumer_kit.outcomes import DeliveryReport
+from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
 from examples.invoices.app import app, create_tables
@@ -197,3 +201,19 @@ def _print_checks(
 
 def _where(url: str) -> str:
     return "embedded (pgserver)" if "host=/" in url or "host=%2F" in url else url.split("@")[-1]
+
+
+def main(log_level: LogLevel = "ERROR", library_log_level: LibraryLogLevel = "WARNING") -> None:
+    """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
+
+    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
+    in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
+    Exit code 0 when every balance equals the sum of the unique commands."""
+    setup_logging(log_level, library_log_level)
+    raise typer.Exit(asyncio.run(run_demo(read_settings(Settings))))
+
+
+if __name__ == "__main__":
+    command = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    command.command()(main)
+    command()

@@ -99,7 +99,7 @@ POISON_OP = "op-poison"
 WATCHDOG_INTERVAL = 0.2  # seconds between checks for processes that exited on their own
 RESTART_MIN_INTERVAL = 1.0  # seconds: a process that cannot start is not restarted in a tight loop
 POISON_LOG_LINE = "chaos app: poison operation"  # what tests.chaos.app writes before it exits
-# consumer_kit.console's log format: "<date> <time> <LEVEL> <logger> <pid> <message>"
+# consumer_kit.cli.console's log format: "<date> <time> <LEVEL> <logger> <pid> <message>"
 _LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ (\S+) \d+ ")
 
 

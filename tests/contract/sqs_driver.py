@@ -20,7 +20,7 @@ from adapters.sqs import (
     recommended_max_receive_count,
     sqs_queue_name,
 )
-from adapters.sqs.envelope import size_of
+from adapters.sqs.limits import size_of
 from adapters.sqs.subscription import SYSTEM_ATTRIBUTES
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, OutgoingMessage, Publisher
 from consumer_kit.settings import Settings

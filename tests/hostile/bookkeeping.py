@@ -24,7 +24,7 @@ from psycopg import sql
 
 from consumer_kit import App, DeliveryReport, Settings, supervised
 from consumer_kit.broker import Consumer
-from consumer_kit.testing.harness import TERMINAL_OUTCOMES
+from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 from consumer_kit.worker import Worker
 from tests.harness import fetch_all, throwaway_schema
 from tests.hostile.corpus import GOOD_BYTES, TABLES, PlaceOrderHandler

@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 
 from consumer_kit import App, DeliveryReport, Settings
-from consumer_kit.testing.harness import TERMINAL_OUTCOMES
+from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 from consumer_kit.worker import Worker
 from tests.harness import fetch_all
 from tests.hostile.corpus import CASES_BY_NAME, GOOD_BYTES, TABLES, PlaceOrderHandler

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from consumer_kit import Context, Handler, PermanentFailure, Result
 from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.testing import Harness
-from consumer_kit.testing.harness import TERMINAL_OUTCOMES
+from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 
 TABLES = "CREATE TABLE effects (operation_key text NOT NULL, amount int NOT NULL);"
 AFTER_COMMIT = {CrashPoint.AFTER_COMMIT_BEFORE_ACK, CrashPoint.BEFORE_ACK}

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumer_kit.console import Embedded, fail, read_settings, require_database, user_errors
+from consumer_kit.cli.console import Embedded, fail, read_settings, require_database, user_errors
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger.inspect import STATES, LedgerInspector, OperationDetail, OperationSummary
 from consumer_kit.settings import EMBEDDED, DatabaseSettings

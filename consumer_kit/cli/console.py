@@ -17,7 +17,8 @@ from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.settings import DatabaseSettings, Settings, redact_url, unknown_variables
+from consumer_kit.redaction import redact_url
+from consumer_kit.settings import DatabaseSettings, Settings, unknown_variables
 
 EXIT_USAGE = 2
 
@@ -164,7 +165,7 @@ def require_shared_broker(settings: Settings, program: str) -> None:
         raise ConfigurationError(
             f"{program} needs a real broker: set CONSUMER_KIT_BROKER_URL (e.g. "
             "amqp://guest:guest@127.0.0.1:5672/). memory:// only works inside one process "
-            "(consumer-kit demo, tests)."
+            "(the demo, tests)."
         )
 
 

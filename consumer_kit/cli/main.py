@@ -1,5 +1,5 @@
-"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``demo``, ``ledger``, ``stats``,
-``dlq``.
+"""The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``ledger``, ``stats``, ``dlq``,
+``prune`` (the demo is an example: ``python -m examples.invoices.demo``).
 
 Exit codes: 0 done (a worker stopped by SIGTERM/SIGINT too), 2 a mistake the user can fix (a
 setting out of range, no database named, wrong URL, schema not migrated), printed as
@@ -9,23 +9,17 @@ setting out of range, no database named, wrong URL, schema not migrated), printe
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import sys
 from collections.abc import Coroutine
 from importlib.metadata import version
-from pathlib import Path
 from typing import Annotated, Any
 
 import psycopg
 import typer
 
 from consumer_kit.app import App, load_app
-from consumer_kit.cli_dlq import dlq_cli
-from consumer_kit.cli_ledger import ledger_cli
-from consumer_kit.cli_prune import prune
-from consumer_kit.cli_stats import stats as stats_command
-from consumer_kit.console import (
+from consumer_kit.cli.console import (
     Embedded,
     LibraryLogLevel,
     LogFormat,
@@ -38,6 +32,10 @@ from consumer_kit.console import (
     setup_logging,
     user_errors,
 )
+from consumer_kit.cli.dlq import dlq_cli
+from consumer_kit.cli.ledger import ledger_cli
+from consumer_kit.cli.prune import prune
+from consumer_kit.cli.stats import stats as stats_command
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
@@ -219,35 +217,6 @@ async def _declare(app: App, settings: Settings) -> tuple[list[list[str]], list[
     finally:
         await publisher.close()
     return queues, list(app.events)
-
-
-@cli.command()
-def demo(
-    log_level: LogLevel = "ERROR",
-    library_log_level: LibraryLogLevel = "WARNING",
-) -> None:
-    """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
-
-    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
-    in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
-    Exit code 0 when every balance equals the sum of the unique commands."""
-    setup_logging(log_level, library_log_level)
-    run_demo = _load_demo()
-    raise typer.Exit(asyncio.run(run_demo(read_settings(Settings))))
-
-
-def _load_demo() -> Any:
-    """Import ``examples.invoices.demo`` from the current directory or the source checkout."""
-    checkout = Path(__file__).resolve().parents[1]
-    for root in (Path.cwd(), checkout):
-        if (root / "examples" / "invoices" / "demo.py").exists():
-            sys.path.insert(0, str(root))
-            break
-    try:
-        return importlib.import_module("examples.invoices.demo").run_demo
-    except ImportError as exc:
-        typer.echo(f"error: the demo needs the repository's examples/ directory ({exc})", err=True)
-        raise typer.Exit(2) from None
 
 
 cli.add_typer(ledger_cli, name="ledger")

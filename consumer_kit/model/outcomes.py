@@ -1,12 +1,12 @@
-"""What the runtime decided for one delivery (DESIGN.md "outcome")."""
+"""What the runtime decided for one delivery (DESIGN.md "outcome") and its report."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-from consumer_kit.broker import Settlement
+from consumer_kit.model.results import StoredResult
+from consumer_kit.model.settlement import Settlement
 
 
 class Outcome(enum.StrEnum):
@@ -27,21 +27,6 @@ class Outcome(enum.StrEnum):
     KEY_EXPIRED = "key_expired"  # older than its key retention, identity gone: refused, dead-lettered
     CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times running it alone: parked
     CRASHED = "crashed"  # a crash point fired: left unsettled
-
-
-@dataclass(frozen=True)
-class StoredResult:
-    """An operation's recorded outcome, replayed to duplicates.
-
-    Attributes:
-        status: handler-chosen status (e.g. ``"created"``) or a failure code.
-        reference: a short reference to the effect (e.g. an invoice id), or ``None``.
-        body: small JSON-compatible result body, or ``None``.
-    """
-
-    status: str | None
-    reference: str | None
-    body: Any = None
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ import psycopg
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from consumer_kit.cli_ledger import Schema, parse_duration
-from consumer_kit.console import (
+from consumer_kit.cli.console import (
     Embedded,
     LibraryLogLevel,
     LogLevel,
@@ -24,6 +23,7 @@ from consumer_kit.console import (
     setup_logging,
     user_errors,
 )
+from consumer_kit.cli.ledger import Schema, parse_duration
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger.retention import Pruner
 from consumer_kit.settings import EMBEDDED, DatabaseSettings

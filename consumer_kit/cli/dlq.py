@@ -33,7 +33,7 @@ from rich.table import Table
 
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
-from consumer_kit.console import fail, read_settings, require_shared_broker, user_errors
+from consumer_kit.cli.console import fail, read_settings, require_shared_broker, user_errors
 from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage

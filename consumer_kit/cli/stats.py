@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from consumer_kit.cli_ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
-from consumer_kit.console import Embedded, fail
+from consumer_kit.cli.console import Embedded, fail
+from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
 from consumer_kit.stats import Stats, StatsReader
 
 COLUMNS = (

@@ -1,0 +1,58 @@
+"""Message sizes SQS counts, checked before every send, and trimming a copy to fit.
+
+SQS refuses a message larger than the queue's ``MaximumMessageSize`` (:attr:`~adapters.sqs.topology.
+QueueInfo.max_message_size`, default 256 KiB) and a ``SendMessageBatch`` of more than
+:data:`BATCH_MAX_BYTES` in all; it counts::
+
+    message size = UTF-8 bytes of the body
+                 + for each attribute: bytes of its name + its data type + its value
+
+:func:`size_of` measures a message that way; :func:`fit` drops headers from a copy (retry, release,
+dead-letter, redrive) until it fits, or says it cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from adapters.sqs.envelope import PRIORITY, Attributes, as_text, attributes_for
+
+BATCH_MAX_BYTES = 1_048_576
+"""The most bytes of messages one ``SendMessageBatch`` carries (SQS: 1 MiB)."""
+
+
+def size_of(body: str, attributes: Mapping[str, Mapping[str, Any]]) -> int:
+    """Bytes SQS counts for a message (formula in the module docstring)."""
+    size = len(body.encode("utf-8"))
+    for name, attribute in attributes.items():
+        value = attribute.get("StringValue", attribute.get("BinaryValue", b""))
+        value_size = len(value) if isinstance(value, bytes) else len(str(value).encode("utf-8"))
+        size += len(name.encode("utf-8")) + len(str(attribute.get("DataType", "")).encode("utf-8")) + value_size
+    return size
+
+
+def fit(
+    body: str, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str]
+) -> tuple[Attributes, list[str]]:
+    """Attributes for a copy of ``body`` with ``headers`` that fit ``limit`` bytes, and the names
+    of the headers left out to make it fit: first every header not in :data:`PRIORITY` (largest
+    first), then ``droppable`` in its order.
+
+    Raises:
+        ValueError: it does not fit even without them (the message names both sizes).
+    """
+    current = dict(headers)
+    order = sorted((n for n in current if n not in PRIORITY), key=lambda n: -len(as_text(current[n])))
+    order += [n for n in droppable if n in current and n not in order]
+    dropped: list[str] = []
+    while True:
+        attributes = attributes_for(current)
+        size = size_of(body, attributes)
+        if size <= limit:
+            return attributes, dropped
+        if not order:
+            raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
+        name = order.pop(0)
+        del current[name]
+        dropped.append(name)

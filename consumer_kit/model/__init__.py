@@ -1,0 +1,1 @@
+"""The pipeline's data types: the lowest floor of consumer_kit (they import nothing above them)."""
