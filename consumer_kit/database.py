@@ -20,8 +20,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import prepared
-from consumer_kit.errors import ConfigurationError
-from consumer_kit.faults import StatementTimeout
+from consumer_kit.errors import ConfigurationError, StatementTimeout
 from consumer_kit.redaction import redact, redact_url
 from consumer_kit.settings import Settings
 

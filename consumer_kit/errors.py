@@ -57,7 +57,7 @@ class InvalidMessage(ConsumerKitError):
 
 
 class SimulatedCrash(BaseException):
-    """Raised by an armed crash point (see :mod:`consumer_kit.crashpoints`).
+    """Raised by an armed crash point (see :mod:`consumer_kit.pipeline.crashpoints`).
 
     A ``BaseException`` so that handler code catching ``Exception`` cannot swallow it. The runtime
     treats it like process death: the delivery is left unsettled and the broker redelivers it.
@@ -81,3 +81,9 @@ class DeadLetterReason(enum.StrEnum):
     CRASHED_WORKER = "crashed_worker"  # the process died crash_limit times while it ran alone
     KEY_EXPIRED = "key_expired"  # older than its key retention, and its identity is gone
     NEEDS_RECONCILIATION = "needs_reconciliation"
+
+
+class StatementTimeout(Exception):
+    """A statement of consumer-kit's own (claim, completion, COMMIT, attempt bookkeeping) did not
+    answer within ``statement_timeout`` seconds: the database or the network is at fault. Its
+    connection is discarded."""

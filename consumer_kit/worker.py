@@ -7,7 +7,7 @@
   ones it holds (uncounted), reports not-ready, and probes the database with backoff (up to
   ``probe_backoff_max`` seconds apart) until a new session can write; then it replaces its pooled
   connections and resumes on its own.
-* **Poison isolation**: a redelivered message runs alone (see :mod:`consumer_kit.admission`);
+* **Poison isolation**: a redelivered message runs alone (see :mod:`consumer_kit.pipeline.admission`);
   the other deliveries the broker hands out meanwhile wait (prefetch bounds them).
 * **Health**: ``health_file`` is touched every second while the loop runs; ``health_port`` serves
   ``/live`` and ``/ready`` (not ready while paused or while the broker connection is down).
@@ -27,7 +27,6 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from consumer_kit.admission import Admission
 from consumer_kit.app import App
 from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.brokers import open_consumer
@@ -37,8 +36,9 @@ from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.model.outcomes import DeliveryReport
+from consumer_kit.pipeline.admission import Admission
+from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
 from consumer_kit.redaction import redact_url
-from consumer_kit.runtime import Runtime
 from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised
 from consumer_kit.telemetry.gauges import watch_paused
@@ -116,11 +116,11 @@ class Worker:
         )
         try:
             await self._prepare_schema(pool)
-            self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission)
-            self.runtime.on_environment_fault = self._on_environment_fault
-            self.runtime.before_release = self._until_consumer_stopped
-            if self._on_report is not None:
-                self.runtime.observers.append(self._on_report)
+            hooks = RuntimeHooks(
+                on_environment_fault=self._on_environment_fault, before_release=self._until_consumer_stopped,
+                observers=() if self._on_report is None else (self._on_report,),
+            )
+            self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission, hooks=hooks)
             consumer = self._consumer = self._consumer or open_consumer(self.settings)
             background: list[asyncio.Task[None]] = []
             try:

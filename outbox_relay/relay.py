@@ -34,9 +34,9 @@ from psycopg import AsyncConnection
 from consumer_kit.broker import Publisher
 from consumer_kit.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.faults import FaultKind, classify
 from consumer_kit.health import Health
 from consumer_kit.outbox import notify_channel
+from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
@@ -338,7 +338,7 @@ class Relay:
 
     async def _guarded(self, step: Callable[[], Awaitable[Any]], *, clears_outage: bool = True) -> None:
         """Run ``step``. An unavailable database (connection lost, read-only after a fail-over,
-        shutting down: an environment fault, :mod:`consumer_kit.faults`) is logged once per
+        shutting down: an environment fault, :mod:`consumer_kit.pipeline.faults`) is logged once per
         outage, the connection dropped, and the loop backs off (0.5 s doubling up to 5 s) before
         it reconnects; the relay reports not-ready meanwhile. Rows claimed before the fault are
         published again, with the same event ID, once their lease runs out. Only a step that

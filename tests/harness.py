@@ -12,7 +12,7 @@ from psycopg import sql
 
 from consumer_kit import App, Settings
 from consumer_kit.ledger import migrate
-from consumer_kit.runtime import Runtime, open_pool
+from consumer_kit.pipeline.runtime import Runtime, open_pool
 from examples.invoices.app import create_tables
 
 

@@ -29,7 +29,7 @@ import pytest
 from psycopg import sql
 
 from consumer_kit import Outcome
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.testing import Harness
 from examples.invoices.app import SCHEMA_SQL, CreateInvoiceHandler
 from tests.conftest import rabbitmqctl, vhost_of

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from consumer_kit import App, Context, Outcome, Result
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.testing import Harness
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from examples.notifications.app import SCHEMA_SQL, ProviderClient, SendWelcome, WelcomeEmailHandler

@@ -19,9 +19,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_kit import Settings, crashpoints
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit import Settings
 from consumer_kit.errors import SimulatedCrash
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from examples.invoices.api import create_app
 from tests.harness import fetch_all, throwaway_schema
 

@@ -16,10 +16,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from consumer_kit import Outcome, Settings
-from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.http import Idempotency, IdempotencyPolicy, current_operation
 from consumer_kit.ledger.inspect import LedgerInspector
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.stats import StatsReader
 from consumer_kit.testing import Harness
 from examples.invoices.app import SCHEMA_SQL

@@ -12,7 +12,7 @@ import pytest
 from consumer_kit import prepared
 from consumer_kit.ledger import Ledger
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.transaction import rollback
+from consumer_kit.pipeline.transaction import rollback
 from tests.harness import throwaway_schema
 
 

@@ -35,7 +35,7 @@ from consumer_kit.http.intent import RequestIntent
 from consumer_kit.http.operation import is_serving
 from consumer_kit.http.pipeline import ClientOf, EndpointSpec, RequestPipeline
 from consumer_kit.http.policy import IdempotencyPolicy
-from consumer_kit.runtime import default_worker_id
+from consumer_kit.pipeline.runtime import default_worker_id
 from consumer_kit.settings import Settings
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Awaitable[Any]])

@@ -1,4 +1,4 @@
-"""One idempotent request, step by step: the HTTP twin of :mod:`consumer_kit.runtime`.
+"""One idempotent request, step by step: the HTTP twin of :mod:`consumer_kit.pipeline.runtime`.
 
 ``RequestPipeline.respond`` is the whole protocol of draft-ietf-httpapi-idempotency-key-header-07
 ("the draft") and reads as the numbered steps:
@@ -12,8 +12,11 @@
 4. BEGIN; claim (scope, key) with ``INSERT ... ON CONFLICT DO NOTHING``. A concurrent request of
    the same key waits on the unique index until the first one's transaction ends, at most
    ``lock_timeout``: then ``409`` with ``Retry-After`` (section 2.6 "Concurrent Request");
-5. an existing row decides (section 2.6, 2.7): another fingerprint, ``422``; completed or failed,
-   its stored response is replayed with ``Idempotent-Replayed: true``; anything else, ``409``;
+5. an existing row decides (section 2.6, 2.7), by the rules of the operation state machine
+   (:mod:`consumer_kit.pipeline.operation`) that the message runtime uses too: another intent,
+   ``422``; completed or failed, its stored response is replayed with ``Idempotent-Replayed: true``;
+   in progress, ``409`` with ``Retry-After``; parked, or an intent that cannot be compared, ``409``
+   ``operation-needs-reconciliation``;
 6. SAVEPOINT, then the endpoint runs inside the transaction:
 
    - a response below 400: the ledger row is completed with the stored response and the
@@ -31,11 +34,17 @@
 8. a fault of the database (unreachable, read-only, pool exhausted, a statement or the endpoint
    over its time, lock contention): ROLLBACK, ``503`` with ``Retry-After``, nothing stored. A COMMIT
    without a reply is ``503`` too: the retry reads the truth from the ledger (replay or run).
+
+**Projection versions** (one policy with the message runtime): a row stored under another version
+of the route's intent is compared under that version (``RequestIntent.earlier``). A version the
+route no longer declares, or a body that cannot be projected under it, means the intents cannot be
+compared: the request is never run and never answered with the stored response, but with the
+``operation-needs-reconciliation`` problem (``409``), as the runtime dead-letters such a message as
+``needs_reconciliation``. (Before issue 19 the front door answered ``422`` here.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -43,29 +52,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from consumer_kit import crashpoints
-from consumer_kit.crashpoints import CrashPoint
-from consumer_kit.database import bounded
-from consumer_kit.errors import PermanentFailure
-from consumer_kit.faults import FaultKind, StatementTimeout, classify
+from consumer_kit.errors import PermanentFailure, StatementTimeout
+from consumer_kit.http.answers import answer, key_digest, reconciling, request_intent
 from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
 from consumer_kit.http.operation import Operation, serving, stop_serving
 from consumer_kit.http.policy import IdempotencyPolicy
 from consumer_kit.http.problems import (
     INVALID_BODY,
-    KEY_REUSED,
     MALFORMED_KEY,
     MISSING_KEY,
-    NEEDS_RECONCILIATION,
     OPERATION_FAILED,
-    REQUEST_OUTSTANDING,
-    RESPONSE_EXPIRED,
     RESPONSE_NOT_STORABLE,
     TRY_AGAIN,
     OperationFailed,
@@ -75,19 +76,17 @@ from consumer_kit.http.problems import (
 from consumer_kit.http.scope import request_identity, route_template
 from consumer_kit.http.stored import (
     MAX_STORED_BODY_BYTES,
-    REPLAYED_HEADER,
     ResponseNotStorable,
     StoredResponse,
 )
-from consumer_kit.ledger import Ledger
-from consumer_kit.ledger.failures import ClaimedFailures
-from consumer_kit.model import operation_row as ledger_states
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.model.operation_row import OperationRow
-from consumer_kit.settings import Settings
-from consumer_kit.telemetry import describe_error
-from consumer_kit.transaction import (
+from consumer_kit.model.verdict import Verdict, VerdictKind
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.faults import FaultKind, classify
+from consumer_kit.pipeline.operation import Operations
+from consumer_kit.pipeline.transaction import (
     CommitUncertain,
     HandlerTimeout,
     StaleConnection,
@@ -97,9 +96,12 @@ from consumer_kit.transaction import (
     commit_forbidden,
     ensure_transaction_open,
     ensure_transaction_usable,
+    on_own_connection,
     rollback,
     within_handler_timeout,
 )
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import describe_error
 
 logger = logging.getLogger("consumer_kit.http")
 
@@ -132,15 +134,6 @@ class _Answer:
     executed: bool = False
 
 
-class _ClaimBusy(Exception):
-    """The claim waited on a concurrent request of the same key for longer than lock_timeout."""
-
-
-def key_digest(key: str) -> str:
-    """The first 16 hex digits of SHA-256 of an idempotency key: what logs carry instead of it."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-
-
 class RequestPipeline:
     """Serves idempotent requests on the ledger of ``settings.db_schema``.
 
@@ -168,8 +161,7 @@ class RequestPipeline:
         self.policy = policy
         self.client = client
         self.worker_id = worker_id
-        self.ledger = Ledger(settings.db_schema)
-        self.failures = ClaimedFailures(settings.db_schema)
+        self.operations = Operations(settings, worker_id)
 
     async def respond(
         self, request: Request, endpoint: EndpointSpec, call: Callable[[], Awaitable[Response]]
@@ -199,13 +191,6 @@ class RequestPipeline:
         )
         try:
             return await self._transaction(identity, client, endpoint, parts, call)
-        except _ClaimBusy:
-            logger.info("request outstanding scope=%s key_digest=%s: 409", identity.scope, key_digest(key))
-            return self._problem(
-                REQUEST_OUTSTANDING,
-                "a request with this Idempotency-Key is being processed; retry after the time in Retry-After",
-                retry_after=self.policy.retry_after,
-            )
         except ResponseNotStorable as exc:
             logger.error(
                 "response not storable scope=%s key_digest=%s: %s (rolled back)", identity.scope, key_digest(key), exc
@@ -267,30 +252,22 @@ class RequestPipeline:
         parts: RequestParts,
         call: Callable[[], Awaitable[Response]],
     ) -> _Answer:
-        try:  # step 4: may wait lock_timeout on a concurrent request of the key, then must answer
-            async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the claim"):
-                claim = await self.ledger.claim(
-                    conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
-                    message_id=None, retention=self.policy.retention,
-                )
-        except pg_errors.LockNotAvailable as exc:
-            raise _ClaimBusy from exc
-        if not claim.claimed:  # step 5
-            answer = self._answer_existing(claim.row, identity, endpoint, parts)
-            row = claim.row
-            if row is not None and row.state == ledger_states.PROCESSING and not row.lease_live:
-                # A claim the endpoint committed itself, whose process died before it could park
-                # it: park it now, in this transaction, so that the gauges and `ledger list` (which
-                # read watched rows only, ledger migration 5) see it. Another fingerprint's row is
-                # left as it is (the park matches the stored fingerprint only).
-                async with bounded(self.settings.statement_timeout, "parking"):
-                    await self.ledger.park(
-                        conn, identity, message_id=None, error_class="LeaseExpired",
-                        detail="processing under an expired lease: the endpoint ended its own transaction "
-                        "and its process died before the key was parked",
-                    )
-                return _Answer(answer, commit=True)
-            return _Answer(answer, commit=False)
+        # step 4: may wait lock_timeout on a concurrent request of the key, then must answer
+        claim = await self.operations.claim(
+            conn, identity, request_intent(endpoint.intent, parts), message_id=None, retention=self.policy.retention
+        )
+        if isinstance(claim, Verdict):  # step 5
+            if claim.kind is not VerdictKind.LEASE_RECOVERABLE:
+                return _Answer(answer(claim, identity, self.policy), commit=False)
+            # A claim the endpoint committed itself, whose process died before it could park it:
+            # park it now, in this transaction, so that the gauges and `ledger list` (which read
+            # watched rows only, ledger migration 5) see it.
+            parked = await self.operations.park(
+                conn, identity, message_id=None, error_class="LeaseExpired", why="lease_expired",
+                detail="processing under an expired lease: the endpoint ended its own transaction "
+                "and its process died before the key was parked",
+            )
+            return _Answer(answer(parked, identity, self.policy), commit=True)
         assert claim.xid is not None  # the claim inserted: the transaction has an id
         await conn.execute(_SAVEPOINT)
         operation = Operation(conn, identity, client)
@@ -318,12 +295,10 @@ class RequestPipeline:
         stored = StoredResponse.of(
             response, header_names=self.policy.header_names, max_body_bytes=self.policy.max_stored_body_bytes
         )
-        async with bounded(self.settings.statement_timeout, "the ledger completion"):
-            completed = await self.ledger.complete(
-                conn, identity, stored.result(), fence=Fence.of_transaction(claim.xid), events=operation.events
-            )
-        if not completed:
-            raise TransactionEnded("the endpoint ended the request's transaction and began another")
+        await self.operations.complete(
+            conn, identity, stored.result(), fence=Fence.of_transaction(claim.xid), events=operation.events,
+            ran="the endpoint",
+        )
         return _Answer(response, commit=True, executed=True)
 
     async def _record_failure(
@@ -339,64 +314,12 @@ class RequestPipeline:
         stored = StoredResponse.of(
             problem, header_names=self.policy.header_names | _FAILURE_HEADERS, max_body_bytes=MAX_STORED_BODY_BYTES
         )
-        async with bounded(self.settings.statement_timeout, "recording the failure"):
-            recorded = await self.failures.fail_claimed(
-                conn, identity, xid=xid, code=failure.code, error_class=type(failure).__name__,
-                detail=failure.detail, body=stored.encoded(),
-            )
-        if not recorded:
-            raise TransactionEnded("the endpoint ended the request's transaction and began another")
+        await self.operations.fail_claimed(
+            conn, identity, xid=xid, code=failure.code, error_class=type(failure).__name__,
+            detail=failure.detail, body=stored.encoded(), ran="the endpoint",
+        )
         logger.info("failed scope=%s key_digest=%s code=%s: recorded", identity.scope, key_digest(identity.key), failure.code)
         return _Answer(problem, commit=True, executed=True)
-
-    def _answer_existing(
-        self, row: OperationRow | None, identity: OperationIdentity, endpoint: EndpointSpec, parts: RequestParts
-    ) -> Response:
-        """Decide for a key that already has a ledger row (step 5)."""
-        digest = key_digest(identity.key)
-        if row is None:  # deleted by retention between the claim's two reads: try again
-            return self._problem(REQUEST_OUTSTANDING, "the key's record changed; retry", retry_after=self.policy.retry_after)
-        if row.fingerprint != identity.fingerprint and not self._same_intent(row, endpoint, parts):
-            logger.info("key reused scope=%s key_digest=%s: 422", identity.scope, digest)
-            return self._problem(
-                KEY_REUSED,
-                "this Idempotency-Key was used with another request payload; a key must not be reused "
-                "across different payloads of this operation",
-            )
-        if row.state in (ledger_states.COMPLETED, ledger_states.FAILED):
-            stored = StoredResponse.decoded(row.result_body)
-            logger.debug("replay scope=%s key_digest=%s state=%s", identity.scope, digest, row.state)
-            if stored is None:
-                return self._problem(
-                    RESPONSE_EXPIRED,
-                    f"the operation finished ({row.state}, status {row.result_status}) and was not run again; "
-                    "its stored response is past its retention",
-                    headers={REPLAYED_HEADER: "true"},
-                )
-            return stored.replay()
-        if row.state == ledger_states.PROCESSING and row.lease_live:
-            return self._problem(
-                REQUEST_OUTSTANDING, "a request with this Idempotency-Key is being processed",
-                retry_after=self.policy.retry_after,
-            )
-        logger.warning("operation needs reconciliation scope=%s key_digest=%s state=%s", identity.scope, digest, row.state)
-        return self._problem(
-            NEEDS_RECONCILIATION,
-            "the outcome of the first request with this key is being reconciled by an operator; it will not run again",
-        )
-
-    def _same_intent(self, row: OperationRow, endpoint: EndpointSpec, parts: RequestParts) -> bool:
-        """The stored fingerprint was made under another projection version the route still
-        declares, and this request has the same intent under it."""
-        if row.projection_version == endpoint.intent.version:
-            return False
-        earlier = endpoint.intent.under(row.projection_version)
-        if earlier is None:
-            return False
-        try:
-            return earlier.fingerprint(parts) == row.fingerprint
-        except InvalidBody:
-            return False
 
     # -- step 8 and helpers ----------------------------------------------------------------------
 
@@ -412,15 +335,15 @@ class RequestPipeline:
         logger.error(
             "scope=%s key_digest=%s: %s; parked as needs_reconciliation", identity.scope, key_digest(identity.key), exc
         )
-        async with bounded(self.settings.statement_timeout, "parking"), self.pool.connection() as conn:
-            await self.ledger.park(
-                conn, identity, message_id=None, error_class=TransactionEnded.__name__, detail=str(exc)
-            )
-        return self._problem(
-            NEEDS_RECONCILIATION,
-            "the endpoint ended its own transaction; the operation awaits an operator and will not run again",
-            status=500,
+        parked = await on_own_connection(
+            self.pool, self.settings.statement_timeout,
+            lambda conn: self.operations.park(
+                conn, identity, message_id=None, error_class=TransactionEnded.__name__, why="transaction_ended",
+                detail=str(exc),
+            ),
+            "parking",
         )
+        return reconciling(parked, identity, self.policy)
 
     def _try_again(self, identity: OperationIdentity, detail: str, exc: BaseException) -> Response:
         logger.warning(

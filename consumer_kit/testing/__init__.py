@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from consumer_kit.crashpoints import CrashPoint
+    from consumer_kit.pipeline.crashpoints import CrashPoint
     from consumer_kit.testing.harness import Harness
     from consumer_kit.testing.messages import Sent
     from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
@@ -30,7 +30,7 @@ __all__ = ["TERMINAL_OUTCOMES", "CrashPoint", "Harness", "Sent"]
 
 def __getattr__(name: str) -> Any:
     if name == "CrashPoint":
-        from consumer_kit.crashpoints import CrashPoint
+        from consumer_kit.pipeline.crashpoints import CrashPoint
 
         return CrashPoint
     if name == "Harness":

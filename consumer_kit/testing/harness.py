@@ -1,7 +1,7 @@
 """The testing kit's :class:`Harness`: your handlers, a throwaway schema, the memory broker.
 
 A harness owns one fresh PostgreSQL schema (ledger + outbox + your tables), a
-:class:`~consumer_kit.runtime.Runtime` over it and an in-process broker with peek-lock semantics
+:class:`~consumer_kit.pipeline.runtime.Runtime` over it and an in-process broker with peek-lock semantics
 (``memory://``): a delivery that is not settled within ``lock_timeout`` seconds (a crash point
 fired) is redelivered, exactly as a real broker redelivers after a consumer died.
 
@@ -30,15 +30,15 @@ import psycopg
 from psycopg import sql
 from pydantic import BaseModel
 
-from consumer_kit import crashpoints
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery
-from consumer_kit.crashpoints import CrashPoint
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.handler import Handler
 from consumer_kit.ledger import migrate
 from consumer_kit.model.operation_row import COMPLETED, FAILED
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.settings import Settings
 from consumer_kit.testing.messages import Sent, encode_body, message_headers
 from consumer_kit.testing.outcomes import check_outcomes, count_outcomes, settled_reports
@@ -128,7 +128,7 @@ class Harness:
     async def start(self) -> None:
         """Create the schema (ledger, outbox, your tables), open the pool, start consuming."""
         from consumer_kit.brokers import adapter_for
-        from consumer_kit.runtime import Runtime, open_pool
+        from consumer_kit.pipeline.runtime import Runtime, open_pool
 
         async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
             await migrate(conn, self.schema)

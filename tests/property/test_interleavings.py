@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from consumer_kit import Context, Handler, PermanentFailure, Result
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.testing import Harness
 from consumer_kit.testing.outcomes import TERMINAL_OUTCOMES
 

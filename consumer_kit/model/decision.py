@@ -1,14 +1,15 @@
 """A delivery's decision: the outcome the runtime reached and how to settle the delivery for it.
 
-Decided while the delivery's transaction runs, carried out after it ended (settle after COMMIT,
-never inside). Shared by the transactional and the leased path.
+Made from a verdict of the operation state machine or from a fault decision by the one table of
+:mod:`consumer_kit.pipeline.settlement`, carried out after the delivery's transaction ended
+(settle after COMMIT, never inside).
 """
 
 from __future__ import annotations
 
-from consumer_kit.broker import Settlement
 from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.results import StoredResult
+from consumer_kit.model.settlement import Settlement
 
 
 class Decision:

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import prepared
 from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
-from consumer_kit.errors import RetryableError
-from consumer_kit.faults import StatementTimeout
+from consumer_kit.errors import RetryableError, StatementTimeout
 from consumer_kit.model.results import Result, StoredResult
 
 T = TypeVar("T")
@@ -59,8 +59,8 @@ async def begin(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
         raise
 
 
-async def begin_and_claim(conn: psycopg.AsyncConnection[Any], claim: Callable[[], Awaitable[T]]) -> T:
-    """Run ``claim()``, which sends BEGIN with the claim (see ``Ledger.claim(begin=True)``);
+async def begin_and_claim(conn: psycopg.AsyncConnection[Any], claim: Awaitable[T]) -> T:
+    """Await ``claim``, which sends BEGIN with the claim (see ``Ledger.claim(begin=True)``);
     returns what it returns. The caller bounds it and rolls back on an error.
 
     Raises:
@@ -68,11 +68,26 @@ async def begin_and_claim(conn: psycopg.AsyncConnection[Any], claim: Callable[[]
         psycopg.Error: the server refused BEGIN or the claim.
     """
     try:
-        return await claim()
+        return await claim
     except psycopg.OperationalError as exc:
         if conn.broken:
             raise StaleConnection from exc
         raise
+
+
+async def on_own_connection(
+    pool: AsyncConnectionPool, timeout: float, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str
+) -> T:
+    """Run ``write`` on a pooled (autocommit) connection of its own, bounded by ``timeout``
+    seconds, waiting for the connection included: the bookkeeping beside a delivery's own
+    transaction (attempt counts, run-alone markers, parking, a lease's statements).
+
+    Raises:
+        StatementTimeout: no connection or no answer in time (``what`` names the statement).
+    """
+    async with bounded(timeout, what):
+        async with pool.connection() as conn:
+            return await write(conn)
 
 
 async def commit(conn: psycopg.AsyncConnection[Any], timeout: float, *, reset: bool) -> None:
@@ -182,6 +197,7 @@ __all__ = [
     "commit_forbidden",
     "ensure_transaction_open",
     "ensure_transaction_usable",
+    "on_own_connection",
     "rollback",
     "stored_result",
     "within_handler_timeout",

@@ -35,34 +35,36 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from consumer_kit import crashpoints
-from consumer_kit.broker import Delivery, Settlement
-from consumer_kit.crashpoints import CrashPoint
+from consumer_kit.broker import Delivery
 from consumer_kit.database import bounded
-from consumer_kit.decision import Decision
 from consumer_kit.decoding import DecodedDelivery as Decoded
-from consumer_kit.effects import Evidence, Reconciled, Verdict
+from consumer_kit.effects import Evidence, Reconciled
+from consumer_kit.effects import Verdict as Reconciliation
 from consumer_kit.envelope import Envelope
-from consumer_kit.errors import DeadLetterReason, LeaseLost, PermanentFailure, SimulatedCrash
+from consumer_kit.errors import LeaseLost, PermanentFailure, SimulatedCrash
 from consumer_kit.handler import Context
-from consumer_kit.ledger import EvidenceBook, Ledger
+from consumer_kit.ledger import EvidenceBook
 from consumer_kit.model.fence import Fence
-from consumer_kit.model.operation_row import FAILED, NEEDS_RECONCILIATION, OperationRow
-from consumer_kit.model.outcomes import Outcome
 from consumer_kit.model.results import Result, StoredResult
-from consumer_kit.settings import Settings
-from consumer_kit.telemetry import note_events, note_evidence, step
-from consumer_kit.transaction import (
+from consumer_kit.model.verdict import Verdict, VerdictKind
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.operation import Operations
+from consumer_kit.pipeline.transaction import (
     CommitUncertain,
     TransactionEnded,
     begin,
     commit,
     ensure_transaction_open,
     ensure_transaction_usable,
+    on_own_connection,
     rollback,
     stored_result,
     within_handler_timeout,
 )
+from consumer_kit.pipeline.transactional import message_intent
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import describe_error, note_events, note_evidence, step
 
 logger = logging.getLogger("consumer_kit.leased")
 
@@ -76,75 +78,54 @@ class LeasedPath:
 
     Args:
         pool: the worker's connection pool.
-        settings: ``lease_seconds``, ``handler_timeout``, ``statement_timeout``, ``in_progress_delay``.
-        ledger: the ledger's ``operations`` statements.
-        worker_id: the lease owner name of this process.
-        existing_row: decides for a key that already has a row (duplicate, conflict, in progress);
-            ``None``: its lease expired (the runtime's own rule, shared with the transactional path).
-        on_commit_uncertain: turns a COMMIT without a reply into the runtime's decision.
+        settings: ``lease_seconds``, ``handler_timeout``, ``statement_timeout`` (seconds).
+        operations: the state machine (claim, the existing row, take-over, the end of a lease).
     """
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool,
-        settings: Settings,
-        ledger: Ledger,
-        worker_id: str,
-        *,
-        existing_row: Callable[[OperationRow, Decoded], Decision | None],
-        on_commit_uncertain: Callable[[CommitUncertain], Decision],
-    ) -> None:
+    def __init__(self, pool: AsyncConnectionPool, settings: Settings, operations: Operations) -> None:
         self.pool = pool
         self.settings = settings
-        self.ledger = ledger
+        self.operations = operations
+        self.ledger = operations.ledger
         self.evidence = EvidenceBook(settings.db_schema)
-        self.worker_id = worker_id
-        self._existing_row = existing_row
-        self._on_commit_uncertain = on_commit_uncertain
+        self.worker_id = operations.worker_id
 
-    async def execute(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
+    async def execute(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Verdict:
         """Steps 1-3 (module docstring) for one delivery; faults propagate to the runtime's
         classification after the lease was given up."""
         identity = decoded.identity
         with step("consumer_kit.claim", decoded.handler.operation_type, histogram="claim"):
             leased_from, claim = await self._timed_statement(
-                lambda conn: self.ledger.claim(
-                    conn, identity, owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
-                    message_id=envelope.message_id, retention=decoded.handler.retention,
-                    watch=True,
+                lambda conn: self.operations.claim(
+                    conn, identity, message_intent(decoded), message_id=envelope.message_id,
+                    retention=decoded.handler.retention, watch=True,
                 ),
                 "the claim",
             )
-        if claim.row is None:
-            return Decision.in_progress(0.0, "row_vanished")
-        if claim.claimed:
+        if not isinstance(claim, Verdict):
+            assert claim.row is not None  # this claim inserted the row
             fence, recovered = Fence.of_lease(self.worker_id, claim.row.attempts), False
+        elif claim.kind is not VerdictKind.LEASE_RECOVERABLE:
+            return claim
         else:
-            verdict = self._existing_row(claim.row, decoded)
-            if verdict is not None:
-                return verdict
-            row = claim.row
-            leased_from, attempt = await self._timed_statement(
-                lambda conn: self.ledger.take_over(
-                    conn, identity, owner=self.worker_id, expected_owner=row.lease_owner,
-                    expected_attempt=row.attempts, lease_seconds=self.settings.lease_seconds,
-                ),
-                "the lease take-over",
+            row = claim.deciding_row
+            leased_from, taken = await self._timed_statement(
+                lambda conn: self.operations.take_over(conn, identity, row), "the lease take-over"
             )
-            if attempt is None:
-                return Decision.in_progress(self.settings.in_progress_delay, "lease_taken_by_another_worker")
+            if isinstance(taken, Verdict):
+                return taken
             logger.warning(
                 "lease of scope=%s operation_key=%s taken over from %s (attempt %s): reconciling",
-                identity.scope, identity.key, row.lease_owner, attempt,
+                identity.scope, identity.key, row.lease_owner, taken.attempt,
             )
-            fence, recovered = Fence.of_lease(self.worker_id, attempt), True
+            fence, recovered = taken, True
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         run = _LeasedRun(self, delivery, decoded, envelope, fence, leased_from)
         return await run.own(recovered)
 
     async def _statement(self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str) -> T:
         """One autocommit statement on a pooled connection, bounded by ``statement_timeout``."""
-        return (await self._timed_statement(write, what))[1]
+        return await on_own_connection(self.pool, self.settings.statement_timeout, write, what)
 
     async def _timed_statement(
         self, write: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], what: str
@@ -221,7 +202,7 @@ class _LeasedRun:
 
     # -- the attempt -------------------------------------------------------------------------------
 
-    async def own(self, recovered: bool) -> Decision:
+    async def own(self, recovered: bool) -> Verdict:
         handler, message = self.decoded.handler, self.decoded.message
         timeout = self.path.settings.handler_timeout
         operation_type = handler.operation_type
@@ -234,10 +215,10 @@ class _LeasedRun:
                     ))
                     with step("consumer_kit.reconcile", operation_type, histogram="handler"):
                         verdict = await within_handler_timeout(handler.reconcile(message, evidence, self.ctx), timeout)
-                    if verdict.verdict is Verdict.UNKNOWN:
+                    if verdict.verdict is Reconciliation.UNKNOWN:
                         return await self._park(verdict)
-                    result = verdict.result if verdict.verdict is Verdict.DONE else None
-                    if verdict.verdict is Verdict.NOT_DONE:
+                    result = verdict.result if verdict.verdict is Reconciliation.DONE else None
+                    if verdict.verdict is Reconciliation.NOT_DONE:
                         with step("consumer_kit.handle", operation_type, histogram="handler"):
                             result = await within_handler_timeout(handler.handle(message, self.ctx), timeout)
                     elif result is None:
@@ -268,17 +249,17 @@ class _LeasedRun:
             await self._give_up()  # the retry takes the lease over and reconciles
             raise
 
-    async def _complete(self, result: StoredResult, recovered: bool) -> Decision:
+    async def _complete(self, result: StoredResult, recovered: bool) -> Verdict:
         conn = await self.begin()
         settings = self.path.settings
         ensure_transaction_open(conn)
         ensure_transaction_usable(conn)
-        async with bounded(settings.statement_timeout, "the ledger completion"):
-            completed = await self.path.ledger.complete(
+        try:
+            await self.path.operations.complete(
                 conn, self.identity, result, fence=self.completion_fence, events=self.ctx.events,
                 correlation_id=self.ctx.envelope.correlation_id,
             )
-        if not completed:
+        except TransactionEnded:
             row = await self.path._statement(
                 lambda c: self.path.ledger.fetch(c, self.identity.scope, self.identity.key), "reading the row"
             )
@@ -286,59 +267,48 @@ class _LeasedRun:
                 # Still ours: the handler ended the completion transaction and began another.
                 raise TransactionEnded(
                     "the handler ended the completion transaction and began another (COMMIT; BEGIN sent as SQL)"
-                )
-            raise LeaseLost("the completion was fenced out: another worker holds the lease")
+                ) from None
+            raise LeaseLost("the completion was fenced out: another worker holds the lease") from None
         self._release_guard()
         try:
             await commit(conn, settings.statement_timeout, reset=True)
         except CommitUncertain as exc:
-            return self.path._on_commit_uncertain(exc)
+            return Verdict(VerdictKind.UNCERTAIN, why="commit_outcome_unknown", detail=describe_error(exc.__cause__ or exc))
         finally:
             await self._return_connection()
         note_events(self.ctx.events)
         crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_ACK)
-        outcome = Outcome.LEASE_RECOVERED if recovered else Outcome.EXECUTED
-        return Decision(outcome, Settlement.ACK, result=result)
+        return Verdict(VerdictKind.EXECUTED, why="lease_recovered" if recovered else "", result=result)
 
-    async def _fail(self, failure: PermanentFailure) -> Decision:
-        ended = await self.path._statement(
-            lambda conn: self.path.ledger.end_leased(
-                conn, self.identity, self.fence, state=FAILED, code=failure.code,
-                error_class=type(failure).__name__, detail=failure.detail,
+    async def _fail(self, failure: PermanentFailure) -> Verdict:
+        return await self._end(failure.code, type(failure).__name__, failure.detail, "the failure was fenced out")
+
+    async def _park(self, reconciled: Reconciled) -> Verdict:
+        verdict = await self._end(None, "Reconciled.unknown", reconciled.reason, "parking was fenced out")
+        if verdict.kind is VerdictKind.NEEDS_RECONCILIATION:
+            logger.error(
+                "scope=%s operation_key=%s needs reconciliation: %s", self.identity.scope, self.identity.key,
+                reconciled.reason,
+            )
+        return verdict
+
+    async def _end(self, code: str | None, error_class: str, detail: str, fenced_out: str) -> Verdict:
+        """End the lease as ``failed`` (with ``code``) or parked (without); ``lease_lost`` when the
+        lease is no longer held."""
+        verdict = await self.path._statement(
+            lambda conn: self.path.operations.end_leased(
+                conn, self.identity, self.fence, code=code, error_class=error_class, detail=detail,
             ),
-            "recording the failure",
+            "ending the lease",
         )
-        if not ended:
-            return self._lease_lost("the failure was fenced out")
-        return Decision(
-            Outcome.FAILED, Settlement.ACK, reason=failure.code, result=StoredResult(failure.code, None, None)
-        )
+        return self._lease_lost(fenced_out) if verdict.kind is VerdictKind.LEASE_LOST else verdict
 
-    async def _park(self, verdict: Reconciled) -> Decision:
-        ended = await self.path._statement(
-            lambda conn: self.path.ledger.end_leased(
-                conn, self.identity, self.fence, state=NEEDS_RECONCILIATION, code=None,
-                error_class="Reconciled.unknown", detail=verdict.reason,
-            ),
-            "parking",
-        )
-        if not ended:
-            return self._lease_lost("parking was fenced out")
-        logger.error(
-            "scope=%s operation_key=%s needs reconciliation: %s", self.identity.scope, self.identity.key,
-            verdict.reason,
-        )
-        return Decision(
-            Outcome.UNCERTAIN, Settlement.DEAD_LETTER, reason=DeadLetterReason.NEEDS_RECONCILIATION.value,
-            detail=verdict.reason[:1000],
-        )
-
-    def _lease_lost(self, why: str) -> Decision:
+    def _lease_lost(self, why: str) -> Verdict:
         logger.warning(
             "lease of scope=%s operation_key=%s lost (%s): not completing, not acking message_id=%s",
             self.identity.scope, self.identity.key, why, self.delivery.message_id,
         )
-        return Decision(Outcome.LEASE_LOST, Settlement.RELEASED, reason="lease_lost", detail=why)
+        return Verdict(VerdictKind.LEASE_LOST, why="lease_lost", detail=why)
 
     async def _give_up(self) -> None:
         try:

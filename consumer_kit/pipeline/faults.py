@@ -34,18 +34,14 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 
+from consumer_kit.errors import StatementTimeout
+
 
 class FaultKind(enum.StrEnum):
     MESSAGE = "message"
     HANDLER = "handler"
     CONTENTION = "contention"
     ENVIRONMENT = "environment"
-
-
-class StatementTimeout(Exception):
-    """A statement of consumer-kit's own (claim, completion, COMMIT, attempt bookkeeping) did not
-    answer within ``statement_timeout`` seconds: the database or the network is at fault. Its
-    connection is discarded."""
 
 
 # SQLSTATEs whose rejection is a property of the values (the same input fails the same way).

@@ -1,0 +1,1 @@
+"""The delivery pipeline: decode, isolate, run, settle, report (DESIGN.md "One delivery")."""

@@ -1,0 +1,372 @@
+"""The runtime: one delivery, step by step (DESIGN.md "One delivery" and "Faults and attempts").
+
+``Runtime.process`` reads as the steps, each in a module of its own:
+
+1. **decode** and validate the body, compute scope, key and fingerprint
+   (:mod:`consumer_kit.decoding`; invalid: dead-letter with a reason);
+2. **isolate** (:mod:`consumer_kit.pipeline.isolation`): the key's lane, at most ``concurrency``
+   deliveries at once, a *redelivered* message alone with a crash count (parked as
+   ``crashed_worker`` after ``crash_limit`` deaths);
+3. **run** on the transactional path (:mod:`consumer_kit.pipeline.transactional`) or, for a
+   handler with external effects, the leased path (:mod:`consumer_kit.pipeline.leased`); both ask
+   the operation state machine (:mod:`consumer_kit.pipeline.operation`), which returns a neutral
+   verdict. A fault is classified (:mod:`consumer_kit.pipeline.faults`) and costs what the fault
+   policy says (:mod:`consumer_kit.pipeline.fault_policy`, a pure function);
+4. **settle** as the one table of :mod:`consumer_kit.pipeline.settlement` says (after COMMIT,
+   never inside; a COMMIT without a reply is never acked: the redelivery reads the ledger);
+5. **report**: count, measure, log, tell the observers.
+
+Every statement of consumer-kit's own is bounded (``statement_timeout``); the handler is bounded
+by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from psycopg_pool import AsyncConnectionPool
+
+from consumer_kit.app import App
+from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.database import open_pool
+from consumer_kit.decoding import DecodedDelivery as Decoded
+from consumer_kit.decoding import decode
+from consumer_kit.envelope import Envelope
+from consumer_kit.errors import InvalidMessage, SimulatedCrash
+from consumer_kit.ledger import AttemptBook, AttemptCounts
+from consumer_kit.model.decision import Decision
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
+from consumer_kit.model.verdict import Verdict, VerdictKind
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.admission import Admission
+from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.fault_policy import Action, FaultDecision, FaultLimits, fault_decision
+from consumer_kit.pipeline.faults import FaultKind, classify
+from consumer_kit.pipeline.isolation import Isolation
+from consumer_kit.pipeline.leased import LeasedPath
+from consumer_kit.pipeline.operation import Operations
+from consumer_kit.pipeline.settlement import decision_for, decision_for_fault, settle
+from consumer_kit.pipeline.transaction import on_own_connection
+from consumer_kit.pipeline.transactional import TransactionalPath, message_intent
+from consumer_kit.settings import Settings
+from consumer_kit.telemetry import (
+    Counters,
+    delivery_span,
+    describe_error,
+    describe_traceback,
+    messaging_system,
+    record,
+)
+
+__all__ = ["Runtime", "RuntimeHooks", "default_worker_id", "open_pool"]
+
+logger = logging.getLogger("consumer_kit.runtime")
+
+
+def default_worker_id() -> str:
+    """``"<host>:<pid>:<random>"``: the lease owner name of this process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class RuntimeHooks:
+    """What the runtime tells its owner (the worker).
+
+    Attributes:
+        on_environment_fault: called with a one-line reason when a delivery met an environment
+            fault (the worker pauses consuming and probes); ``None``: nobody to tell.
+        before_release: awaited before a delivery is given back uncounted (the worker: until its
+            consumers have stopped, bounded); ``None``: release at once.
+        observers: called with every :class:`DeliveryReport`.
+    """
+
+    on_environment_fault: Callable[[str], None] | None = None
+    before_release: Callable[[], Awaitable[None]] | None = None
+    observers: Sequence[Callable[[DeliveryReport], None]] = ()
+
+
+class Runtime:
+    """Processes deliveries for the handlers of one :class:`App`.
+
+    Args:
+        app: queue -> handler routes.
+        pool: an ``AsyncConnectionPool`` opened with ``autocommit=True`` (see :func:`open_pool`).
+        settings: timeouts, bounds and retry delays.
+        worker_id: lease owner name; default ``host:pid:random``.
+        admission: who may run when (the worker's, with its concurrency limit); default: no limit.
+        hooks: what to tell the owner (:class:`RuntimeHooks`); default: nobody.
+
+    Attributes:
+        counters: in-process outcome counters.
+    """
+
+    def __init__(
+        self, app: App, pool: AsyncConnectionPool, settings: Settings, *, worker_id: str | None = None,
+        admission: Admission | None = None, hooks: RuntimeHooks = RuntimeHooks(),
+    ) -> None:
+        self.app = app
+        self.pool = pool
+        self.settings = settings
+        self.worker_id = worker_id or default_worker_id()
+        self.admission = admission or Admission()
+        self.hooks = hooks
+        self.counters = Counters()
+        self.messaging_system = messaging_system(settings.broker_url)  # the spans' messaging.system
+        self.operations = Operations(settings, self.worker_id)
+        self.attempts = AttemptBook(settings.db_schema, self.worker_id)
+        self.isolation = Isolation(
+            pool, settings, self.attempts, self.admission, run=self._run, released=self._released_for_environment,
+        )
+        self.transactional = TransactionalPath(pool, settings, self.operations)
+        self.leased = LeasedPath(pool, settings, self.operations)
+
+    async def process(self, delivery: Delivery) -> DeliveryReport:
+        """Run one delivery through the pipeline and settle it. Never raises except
+        ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation
+        (the delivery is released first)."""
+        started = time.monotonic()
+        envelope = Envelope(
+            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count,
+            correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
+            enqueued_at=delivery.enqueued_at,
+        )
+        with delivery_span(delivery, self.messaging_system) as span:
+            decoded: Decoded | None = None
+            try:
+                try:
+                    decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # 1. decode
+                except (InvalidMessage, SimulatedCrash):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
+                    decision = self._after_hook_fault(delivery, exc)
+                else:
+                    span.decoded(decoded, envelope)
+                    decision = await self.isolation.run(delivery, decoded, envelope)  # 2. isolate, 3. run
+            except InvalidMessage as exc:
+                decision = Decision(Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail)
+            except SimulatedCrash:
+                report = self._report(delivery, decoded, Decision(Outcome.CRASHED, Settlement.RELEASED, reason="crash point"), started)
+                record(report, self.counters, None, span)
+                raise
+            except asyncio.CancelledError:
+                await delivery.release()  # shutdown: given back uncounted
+                raise
+            span.decided(decision)
+            await self._settle(delivery, decision)  # 4. settle
+        report = self._report(delivery, decoded, decision, started)  # 5. report
+        record(report, self.counters, decoded.handler.operation_type if decoded else None, span)
+        for observe in self.hooks.observers:
+            observe(report)
+        return report
+
+    async def flush_markers(self) -> None:
+        """Clear the run-alone markers an unavailable database kept this process from clearing
+        (see :meth:`Isolation.flush_markers`); the worker calls it before it resumes."""
+        await self.isolation.flush_markers()
+
+    # -- 3. run ------------------------------------------------------------------------------------
+
+    async def _run(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Decision:
+        """Execute on the handler's path, retrying contention in place as the fault policy says,
+        and turn the verdict or the fault into a decision."""
+        if self._key_may_have_expired(decoded):
+            verdict = await self._expired_key(delivery, decoded)
+            if verdict.kind is not VerdictKind.LEASE_RECOVERABLE:  # an expired lease: recovered below
+                return self._decided(verdict)
+        path = self.leased if decoded.handler.external_effects else self.transactional
+        retried = 0
+        while True:
+            try:
+                crashpoints.reached(CrashPoint.BEFORE_CLAIM)
+                return self._decided(await path.execute(delivery, decoded, envelope))
+            except InvalidMessage:
+                raise  # a handler may declare its input invalid: dead-lettered by process()
+            except Exception as exc:  # noqa: BLE001 - classified below (DESIGN "Faults and attempts")
+                kind = classify(exc)
+                decided = fault_decision(kind, self._limits(), retried_in_place=retried, jitter=random.random())
+                if decided.action is not Action.RETRY_IN_PLACE:
+                    return await self._after_fault(delivery, decoded, exc, kind, retried)
+                retried += 1
+                await asyncio.sleep(decided.delay)
+
+    def _decided(self, verdict: Verdict) -> Decision:
+        if verdict.kind is VerdictKind.UNCERTAIN:
+            self._environment_fault(f"COMMIT outcome unknown ({verdict.detail})")
+        elif verdict.why == "projection_unknown":
+            row = verdict.deciding_row
+            logger.warning(
+                "operation scope=%s operation_key=%s was recorded under projection v%s, which its handler "
+                "no longer declares: parked for reconciliation", row.scope, row.key, row.projection_version,
+            )
+        return decision_for(verdict, self.settings.in_progress_delay)
+
+    def _key_may_have_expired(self, decoded: Decoded) -> bool:
+        """The message is older than its handler's key retention: its identity may be gone."""
+        retention = decoded.handler.retention.key_seconds
+        if retention is None or decoded.operation_time is None:
+            return False
+        age = (dt.datetime.now(dt.UTC) - decoded.operation_time).total_seconds()
+        return age > retention
+
+    async def _expired_key(self, delivery: Delivery, decoded: Decoded) -> Verdict:
+        identity = decoded.identity
+        gone = (
+            f"operation created {decoded.operation_time:%Y-%m-%dT%H:%M:%SZ} is older than the key retention "
+            f"of {type(decoded.handler).__name__} and its identity is gone: reconcile by hand"
+        )
+        verdict = await on_own_connection(
+            self.pool, self.settings.statement_timeout,
+            lambda conn: self.operations.expired_key(conn, identity, message_intent(decoded), gone=gone),
+            "reading the ledger row",
+        )
+        if verdict.kind is VerdictKind.KEY_EXPIRED:
+            logger.warning(
+                "key expired scope=%s operation_key=%s message_id=%s: created %s, older than its key "
+                "retention, and no ledger row: refused, never executed as new",
+                identity.scope, identity.key, delivery.message_id, decoded.operation_time,
+            )
+        return verdict
+
+    # -- what a fault costs ------------------------------------------------------------------------
+
+    async def _after_fault(
+        self, delivery: Delivery, decoded: Decoded, exc: Exception, kind: FaultKind, retried: int
+    ) -> Decision:
+        described, error_class = describe_error(exc), type(exc).__name__
+        # The exception's own text can quote business values: the traceback is frames only.
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("fault traceback message_id=%s\n%s", delivery.message_id, describe_traceback(exc))
+        if kind is FaultKind.ENVIRONMENT:
+            return self._released_for_environment(exc)
+        decided = fault_decision(kind, self._limits(), retried_in_place=retried)
+        if decided.action is Action.COUNT:
+            counts = await self._count(delivery, decoded, kind, described)
+            if isinstance(counts, Decision):
+                return counts
+            decided = fault_decision(
+                kind, self._limits(), retried_in_place=retried, failures=counts.failures,
+                contentions=counts.contentions, jitter=random.random(),
+            )
+        self._log_fault(delivery, decoded, kind, decided, described)
+        return decision_for_fault(kind, decided, error_class, described)
+
+    async def _count(
+        self, delivery: Delivery, decoded: Decoded, kind: FaultKind, described: str
+    ) -> AttemptCounts | Decision:
+        """Count this attempt in the ledger (a fault or a contention). A database that is down
+        releases the delivery; any other failure falls back to the broker's count, loudly."""
+        identity = decoded.identity
+        count = self.attempts.count_contention if kind is FaultKind.CONTENTION else self.attempts.count_failure
+        try:
+            return await on_own_connection(
+                self.pool, self.settings.statement_timeout,
+                lambda conn: count(
+                    conn, identity, message_id=delivery.message_id, delivery_count=delivery.delivery_count,
+                    detail=described,
+                ),
+                "the attempt count",
+            )
+        except Exception as book_exc:  # noqa: BLE001 - classified below
+            if classify(book_exc) is FaultKind.ENVIRONMENT:
+                return self._released_for_environment(book_exc)
+            # Not an outage (a schema not migrated, a bug): fall back to the broker's count rather
+            # than loop, and say so loudly.
+            logger.error(
+                "cannot count attempts of operation_key=%s (%s; is the schema migrated?): using the "
+                "broker's delivery count", identity.key, describe_error(book_exc),
+            )
+            return AttemptCounts(failures=delivery.delivery_count, contentions=delivery.delivery_count, crashes=0)
+
+    def _log_fault(
+        self, delivery: Delivery, decoded: Decoded, kind: FaultKind, decided: FaultDecision, described: str
+    ) -> None:
+        if kind is FaultKind.MESSAGE:
+            # The same values fail the same way on every delivery: dead-letter now.
+            logger.warning(
+                "deterministic rejection %s on queue=%s message_id=%s: dead-lettering",
+                described, delivery.queue, delivery.message_id,
+            )
+            return
+        last = decided.action is Action.DEAD_LETTER
+        contended = kind is FaultKind.CONTENTION
+        logger.log(
+            logging.ERROR if last else logging.INFO if contended else logging.WARNING,
+            "contention %s on queue=%s message_id=%s operation_key=%s (%s of %s): %s" if contended else
+            "handler error %s on queue=%s message_id=%s operation_key=%s attempt %s of %s: %s",
+            described, delivery.queue, delivery.message_id, decoded.identity.key, decided.attempt,
+            decided.of, "dead-lettering" if last else "rolled back, will retry",
+        )
+
+    def _after_hook_fault(self, delivery: Delivery, exc: Exception) -> Decision:
+        """A handler's own hook (``operation_key``, ``tenant``, ``partition_key``, ``projection``)
+        raised before the delivery had an identity: a handler fault, retried with backoff and
+        dead-lettered after ``max_deliveries``, counted by the broker's delivery count (no
+        operation to count it against). Never given back uncounted: it would loop forever."""
+        count = max(delivery.delivery_count, 1)
+        decided = fault_decision(FaultKind.HANDLER, self._limits(), failures=count)
+        described = describe_error(exc)
+        last = decided.action is Action.DEAD_LETTER
+        logger.log(
+            logging.ERROR if last else logging.WARNING,
+            "handler hook error %s on queue=%s message_id=%s delivery %s of %s: %s",
+            described, delivery.queue, delivery.message_id, count, decided.of,
+            "dead-lettering" if last else "will retry",
+        )
+        return decision_for_fault(
+            FaultKind.HANDLER, decided, type(exc).__name__, described,
+            counted=" in a handler hook before the claim, on delivery",
+        )
+
+    def _limits(self) -> FaultLimits:
+        settings = self.settings
+        return FaultLimits(
+            settings.max_deliveries, settings.max_contentions, settings.in_progress_delay, settings.retry_delays
+        )
+
+    def _released_for_environment(self, exc: BaseException) -> Decision:
+        described = describe_error(exc)
+        self._environment_fault(described)
+        return decision_for_fault(
+            FaultKind.ENVIRONMENT, FaultDecision(Action.RELEASE), type(exc).__name__, described
+        )
+
+    def _environment_fault(self, reason: str) -> None:
+        logger.warning("database unavailable (%s): deliveries go back uncounted", reason)
+        if self.hooks.on_environment_fault is not None:
+            self.hooks.on_environment_fault(reason)
+
+    # -- 4. settle, 5. report ------------------------------------------------------------------------
+
+    async def _settle(self, delivery: Delivery, decision: Decision) -> None:
+        crashpoints.reached(CrashPoint.BEFORE_ACK)
+        if decision.how is Settlement.RELEASED and self.hooks.before_release is not None:
+            # Give back only once the consumer has stopped: a copy put back while it still
+            # consumes could be handed out again at once (or, on a quorum queue, come back
+            # as a redelivery when the consumer is cancelled with it in transit).
+            await self.hooks.before_release()
+        await settle(delivery, decision)
+
+    def _report(self, delivery: Delivery, decoded: Decoded | None, decision: Decision, started: float) -> DeliveryReport:
+        return DeliveryReport(
+            outcome=decision.outcome,
+            settlement=delivery.settlement,
+            queue=delivery.queue,
+            message_id=delivery.message_id,
+            delivery_count=delivery.delivery_count,
+            scope=decoded.identity.scope if decoded else None,
+            operation_key=decoded.identity.key if decoded else None,
+            reason=decision.reason,
+            result=decision.result,
+            duration_seconds=time.monotonic() - started,
+            settlement_lost=delivery.lost,
+            redelivered=delivery.redelivered,
+        )
