@@ -13,6 +13,7 @@ Service Bus) abandons the delivery, which re-queues it as a redelivery. Brokers 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -22,14 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from consumer_kit import headers as own_headers
 from consumer_kit.broker import (
     Consumer,
     Delivery,
     DeliveryCallback,
     OutgoingMessage,
     Publisher,
+    build_delivery,
+    hand_over,
 )
+from consumer_kit.errors import DeadLetterReason
 from consumer_kit.settings import Settings
+from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger("adapters.memory")
 
@@ -178,13 +184,14 @@ class MemoryDelivery(Delivery):
         held: Callable[[], bool] | None = None,
     ) -> None:
         message.deliveries += 1
+        reading = own_headers.read(message.headers)
         super().__init__(
             queue=queue,
-            message_id=message.message_id,
-            headers=dict(message.headers),
+            message_id=reading.message_id or message.message_id,
+            headers=reading.headers,
             body=message.body,
-            delivery_count=message.deliveries,
-            redelivered=message.suspect,
+            delivery_count=reading.deliveries_before + message.deliveries,
+            redelivered=message.suspect or reading.suspect,
         )
         self._broker = broker
         self._message = message
@@ -262,24 +269,41 @@ class MemoryConsumer(Consumer):
     def __init__(self, broker: MemoryBroker, *, renew_locks: bool = True) -> None:
         self.broker = broker
         self.renew_locks = renew_locks
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pumps: list[Supervised] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._running = asyncio.Event()
         self._running.set()
 
+    @property
+    def ready(self) -> bool:
+        """No pump is down (readiness)."""
+        return all_running(self._pumps)
+
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        slots = asyncio.Semaphore(prefetch)  # outlives a restart of the pump: slots in use stay used
         self._pumps.append(
-            asyncio.create_task(self._pump(queue, callback, prefetch), name=f"memory-pump:{queue}")
+            Supervised(f"memory-pump:{queue}", lambda: self._pump(queue, callback, slots)).start()
         )
 
-    async def _pump(self, queue: str, callback: DeliveryCallback, prefetch: int) -> None:
+    async def _pump(self, queue: str, callback: DeliveryCallback, slots: asyncio.Semaphore) -> None:
         q = self.broker.queue(queue)
-        slots = asyncio.Semaphore(prefetch)
         while True:
             await slots.acquire()
             running: list[asyncio.Task[None]] = []
-            delivery = MemoryDelivery(self.broker, queue, await self._next(q), held=self._held(running))
-            task: asyncio.Task[None] = asyncio.ensure_future(callback(delivery))
+            try:
+                message = await self._next(q)
+            except BaseException:
+                slots.release()
+                raise
+            delivery = build_delivery(
+                functools.partial(MemoryDelivery, self.broker, queue, message, held=self._held(running)),
+                unbuildable=functools.partial(self._dead_letter_raw, queue, message),
+                what=f"queue={queue} message_id={message.message_id}",
+            )
+            if delivery is None:
+                slots.release()
+                continue
+            task: asyncio.Task[None] = asyncio.ensure_future(hand_over(delivery, callback, wanted=True))
             running.append(task)
             self._inflight.add(task)
             task.add_done_callback(self._inflight.discard)
@@ -298,6 +322,10 @@ class MemoryConsumer(Consumer):
             q.available.clear()
             await q.available.wait()
 
+    def _dead_letter_raw(self, queue: str, message: StoredMessage, detail: str) -> None:
+        self.broker.queue(queue).dead.append(DeadLetter(message, DeadLetterReason.INVALID_HEADER.value, detail))
+        self.broker._finished()
+
     async def declare(self, queue: str) -> list[str]:
         """Create ``queue`` (and its dead-letter list) on the in-process broker."""
         self.broker.queue(queue)
@@ -310,9 +338,7 @@ class MemoryConsumer(Consumer):
         self._running.set()
 
     async def stop_consuming(self) -> None:
-        for pump in self._pumps:
-            pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await asyncio.gather(*(pump.stop() for pump in self._pumps))
         self._pumps.clear()
 
     async def close(self) -> None:

@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.model.settlement import Settlement as Settlement
@@ -86,6 +86,13 @@ class Delivery(abc.ABC):
         self.settle_timeout = settle_timeout
         self.settlement: Settlement | None = None
         self.lost = False
+
+    @property
+    def header_fault(self) -> str | None:
+        """``None``, or why consumer-kit's own headers make this delivery ``invalid_header`` (it
+        names the header; :func:`consumer_kit.headers.read` puts it on ``headers``): the runtime
+        dead-letters it at decoding, before any handler sees it."""
+        return getattr(self.headers, "fault", None)
 
     async def ack(self) -> None:
         """Finish the delivery successfully: the broker forgets the message."""
@@ -171,12 +178,36 @@ class Delivery(abc.ABC):
 
 DeliveryCallback = Callable[[Delivery], Awaitable[None]]
 
+D = TypeVar("D", bound=Delivery)
+
+
+def build_delivery(
+    build: Callable[[], D], *, unbuildable: Callable[[str], None], what: str
+) -> D | None:
+    """The one guard around making a :class:`Delivery` from a broker message: ``build()``, or,
+    when it raises (a message the adapter cannot even map), ``None`` after logging ``what`` (ids
+    only) and calling ``unbuildable(detail)``, the adapter's fallback that dead-letters the raw
+    message with reason ``invalid_header`` and ``detail`` (nothing lost, never retried forever).
+    Never raises ``Exception``: the receive loop goes on with the next message."""
+    try:
+        return build()
+    except Exception as exc:
+        detail = f"the message could not be mapped ({type(exc).__name__})"  # no text: it may quote the payload
+        logger.error("cannot build a delivery from %s (%s): dead-lettering it as it is", what,
+                     type(exc).__name__, exc_info=True)
+    try:
+        unbuildable(detail)
+    except Exception:
+        logger.exception("dead-lettering the unmappable message %s failed", what)
+    return None
+
 
 async def hand_over(delivery: Delivery, callback: DeliveryCallback, *, wanted: bool) -> None:
-    """What every adapter does with a received delivery: give it to ``callback``, or, when it is
-    not ``wanted`` (it arrived while the consumer was pausing or stopping), release it uncounted.
-    A callback that raises (it should not: the runtime settles every delivery) is logged with ids
-    only and its delivery, if still unsettled, is released. Never raises ``Exception``."""
+    """What every adapter does with a received delivery (made by :func:`build_delivery`): give it
+    to ``callback``, or, when it is not ``wanted`` (it arrived while the consumer was pausing or
+    stopping), release it uncounted. A callback that raises (it should not: the runtime settles
+    every delivery) is logged with ids only and its delivery, if still unsettled, is released.
+    Never raises ``Exception``."""
     if not wanted:
         await delivery.release()
         return

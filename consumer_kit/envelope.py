@@ -1,4 +1,7 @@
-"""The envelope: broker-level facts about a delivery that a handler may read (never the body)."""
+"""The envelope: broker-level facts about a delivery that a handler may read (never the body).
+
+The header names and how consumer-kit reads them are defined once, in :mod:`consumer_kit.headers`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-OPERATION_ID_HEADER = "operation-id"
-TENANT_HEADER = "tenant-id"
-MESSAGE_TYPE_HEADER = "message-type"
-CORRELATION_ID_HEADER = "correlation-id"
-PARTITION_KEY_HEADER = "partition-key"
-OPERATION_CREATED_AT_HEADER = "operation-created-at"
+from consumer_kit import headers as own
+from consumer_kit.errors import DeadLetterReason, InvalidMessage
+
+OPERATION_ID_HEADER = own.OPERATION_ID
+TENANT_HEADER = own.TENANT
+MESSAGE_TYPE_HEADER = own.MESSAGE_TYPE
+CORRELATION_ID_HEADER = own.CORRELATION_ID
+PARTITION_KEY_HEADER = own.PARTITION_KEY
+OPERATION_CREATED_AT_HEADER = own.OPERATION_CREATED_AT
 DEFAULT_TENANT = "default"
 
 
@@ -40,14 +46,22 @@ class Envelope:
     enqueued_at: dt.datetime | None = None
 
     def header(self, name: str) -> Any:
-        """A header's value (case-insensitive name), or ``None``."""
-        if name in self.headers:
-            return self.headers[name]
-        lowered = name.lower()
-        for key, value in self.headers.items():
-            if isinstance(key, str) and key.lower() == lowered:
-                return value
-        return None
+        """A header's value (exact name first, then case-insensitive), or ``None``.
+
+        Raises:
+            InvalidMessage: ``invalid_header``, naming the header, when consumer-kit's own headers
+                of this delivery are invalid (:mod:`consumer_kit.headers`): nothing of such a
+                delivery is believed, so nothing of it is read.
+        """
+        fault = self.header_fault
+        if fault is not None:
+            raise InvalidMessage(DeadLetterReason.INVALID_HEADER, fault)
+        return own.lookup(self.headers, name)
+
+    @property
+    def header_fault(self) -> str | None:
+        """Why this delivery is ``invalid_header`` (it names the header), or ``None``."""
+        return getattr(self.headers, "fault", None)
 
     @property
     def operation_id(self) -> Any:
@@ -59,5 +73,5 @@ class Envelope:
         """The broker's correlation-id property when set, else header ``correlation-id``."""
         if self.correlation_property:
             return self.correlation_property
-        value = self.header(CORRELATION_ID_HEADER)
-        return value if isinstance(value, str) and value else None
+        spec = own.SPEC_BY_NAME[CORRELATION_ID_HEADER]
+        return own.read_text(self.header(CORRELATION_ID_HEADER), spec.max_chars) or None

@@ -40,6 +40,7 @@ from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
+from consumer_kit.supervised import Supervised
 from consumer_kit.telemetry.gauges import watch_paused
 from consumer_kit.telemetry.metrics import record_pause
 
@@ -88,7 +89,7 @@ class Worker:
         self.pauses = 0
         self._database_url: str | None = None
         self._pool: AsyncConnectionPool | None = None
-        self._probe: asyncio.Task[None] | None = None
+        self._probe: Supervised | None = None
         self._consumers_held = False
         self._holding = asyncio.Event()  # wakes the task that pauses and resumes the consumer
         self._consumer_stopped = asyncio.Event()  # set while the consumer is paused
@@ -147,8 +148,10 @@ class Worker:
                 await consumer.stop_consuming()
                 await self._drain()
             finally:
-                for task in [*background, *([self._probe] if self._probe else [])]:
+                for task in background:
                     task.cancel()
+                if self._probe is not None:
+                    self._probe.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 await consumer.close()
                 await self.health.close()
@@ -195,7 +198,7 @@ class Worker:
         self.pauses += 1
         record_pause()
         logger.warning("paused: %s; giving deliveries back and probing the database", reason)
-        self._probe = asyncio.create_task(self._probe_until_writable(), name="consumer-kit probe")
+        self._probe = Supervised("consumer-kit probe", self._probe_until_writable).start()
 
     async def _probe_until_writable(self) -> None:
         assert self._database_url is not None and self._pool is not None and self.runtime is not None

@@ -39,6 +39,7 @@ from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 from consumer_kit.redaction import redact_url
+from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class RabbitMQConsumer(Consumer):
         self._generation = 0  # +1 per connection: callbacks of an older one are ignored
         self._lost = asyncio.Event()
         self._lock = asyncio.Lock()  # one (re)start of connection or subscription at a time
-        self._supervisor: asyncio.Task[None] | None = None
+        self._supervisor = Supervised("consumer-kit rabbitmq supervisor", self._supervise)
         self._handlers: set[asyncio.Task[None]] = set()
         self._reconnecting = False
         self._paused = False
@@ -130,7 +131,7 @@ class RabbitMQConsumer(Consumer):
     @property
     def ready(self) -> bool:
         """True while the connection is up and not being re-created (readiness)."""
-        return self.connected and not self._reconnecting
+        return self.connected and not self._reconnecting and all_running([self._supervisor])
 
     # -- Consumer API ------------------------------------------------------------------------
 
@@ -164,10 +165,7 @@ class RabbitMQConsumer(Consumer):
             connection = await self._ensure_connection()
             await subscription.open(connection)
             self._subscriptions[queue] = subscription
-        if self._supervisor is None:
-            self._supervisor = asyncio.create_task(
-                self._supervise(), name="consumer-kit rabbitmq supervisor"
-            )
+        self._supervisor.start()  # idempotent
         logger.info("consuming queue=%s prefetch=%s", queue, prefetch)
 
     async def declare(self, queue: str) -> list[str]:
@@ -371,8 +369,4 @@ class RabbitMQConsumer(Consumer):
             await subscription.open(self._connection)
 
     async def _stop_supervisor(self) -> None:
-        task, self._supervisor = self._supervisor, None
-        if task is None or task is asyncio.current_task():
-            return
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await self._supervisor.stop()

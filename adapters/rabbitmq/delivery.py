@@ -53,6 +53,7 @@ from adapters.rabbitmq.envelope import (
 )
 from adapters.rabbitmq.limits import Unsendable, fit_headers, frame_max_of
 from adapters.rabbitmq.topology import QueueNames
+from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery
 
 logger = logging.getLogger(__name__)
@@ -88,15 +89,15 @@ class RabbitMQDelivery(Delivery):
         settle_timeout: float,
         max_message_size: int,
     ) -> None:
-        headers = dict(message.headers or {})
+        reading = own_headers.read(message.headers or {})
         broker_redelivered = bool(message.redelivered)
         super().__init__(
             queue=names.queue,
             message_id=message.message_id,
-            headers=headers,
+            headers=reading.headers,
             body=message.body,
-            delivery_count=delivery_count_of(headers, broker_redelivered),
-            redelivered=broker_redelivered or REDELIVERED_HEADER in headers,
+            delivery_count=delivery_count_of(reading, broker_redelivered),
+            redelivered=broker_redelivered or reading.suspect,
             correlation_id=message.correlation_id,
             # RabbitMQ stamps no enqueue time: the AMQP timestamp property is the producer's.
             enqueued_at=_aware(message.timestamp),

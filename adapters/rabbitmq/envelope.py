@@ -7,6 +7,9 @@ Delivery count (``Delivery.delivery_count``)::
     this_copy      = headers["x-delivery-count"] + 1   on a quorum queue (absent on the 1st delivery)
                    = 2 if redelivered else 1           on a classic queue (a lower bound)
 
+Both counts are read by consumer-kit's one codec (:func:`consumer_kit.headers.read`): a value that
+is not a count in range (a double, 2^63 as text, a nested array) is ignored, never believed.
+
 A copy consumer-kit republishes (retry, release, dead-letter) is a new message for the broker,
 whose own count restarts, so the copy carries the deliveries before it in
 ``x-consumer-kit-deliveries``; the broker-owned ``x-delivery-count`` is never copied.
@@ -17,26 +20,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from consumer_kit import headers as own
 from consumer_kit.envelope import (
     CORRELATION_ID_HEADER,
     MESSAGE_TYPE_HEADER,
     OPERATION_ID_HEADER,
     TENANT_HEADER,
 )
+from consumer_kit.headers import OwnHeaders
 
-DELIVERIES_HEADER = "x-consumer-kit-deliveries"
-"""On a republished copy: how many deliveries the message had before this copy."""
-
-REDELIVERED_HEADER = "x-consumer-kit-redelivered"
-"""On a released copy of a delivery that was itself a redelivery: the copy stays a suspect."""
-
-TRIMMED_HEADER = "x-consumer-kit-trimmed-headers"
-"""On a copy that only fitted the frame without some of the original's headers: how many."""
-
-DEAD_LETTER_REASON_HEADER = "x-dead-letter-reason"
-DEAD_LETTER_DETAIL_HEADER = "x-dead-letter-detail"
-ORIGINAL_QUEUE_HEADER = "x-original-queue"
-BROKER_COUNT_HEADER = "x-delivery-count"
+# consumer-kit's names (consumer_kit.headers), as this package calls them.
+DELIVERIES_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER, BROKER_COUNT_HEADER = (
+    own.DELIVERIES, own.REDELIVERED, own.TRIMMED, own.BROKER_COUNT,
+)
+DEAD_LETTER_REASON_HEADER, DEAD_LETTER_DETAIL_HEADER, ORIGINAL_QUEUE_HEADER = (
+    own.DEAD_LETTER_REASON, own.DEAD_LETTER_DETAIL, own.ORIGINAL_QUEUE,
+)
 
 DETAIL_MAX_CHARS = 1000
 """``x-dead-letter-detail`` is cut to this many characters (it is ours, and must fit a frame)."""
@@ -51,16 +50,16 @@ OPERATION_HEADERS = frozenset(
 _NOT_COPIED = frozenset({BROKER_COUNT_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER})
 
 
-def delivery_count_of(headers: Mapping[str, Any], redelivered: bool) -> int:
-    """The 1-based delivery count of a RabbitMQ delivery (formula in the module docstring);
-    ``redelivered`` is the broker's own flag."""
-    earlier = _as_int(headers.get(DELIVERIES_HEADER))
-    broker_count = headers.get(BROKER_COUNT_HEADER)
-    if broker_count is not None:
-        this_copy = _as_int(broker_count) + 1
+def delivery_count_of(headers: Mapping[str, Any] | OwnHeaders, redelivered: bool) -> int:
+    """The 1-based delivery count of a RabbitMQ delivery (formula in the module docstring) from
+    its headers or their reading (:func:`consumer_kit.headers.read`: a malformed count is
+    ignored); ``redelivered`` is the broker's own flag."""
+    reading = headers if isinstance(headers, OwnHeaders) else own.read(headers)
+    if reading.broker_count is not None:
+        this_copy = reading.broker_count + 1
     else:
         this_copy = 2 if redelivered else 1
-    return earlier + this_copy
+    return reading.deliveries_before + this_copy
 
 
 def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,11 +77,3 @@ def is_kept(name: str) -> bool:
         or name in OPERATION_HEADERS
     )
 
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0

@@ -19,7 +19,7 @@ from adapters.rabbitmq.connection import close_channel_soon
 from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.errors import describe
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames
-from consumer_kit.broker import DeliveryCallback
+from consumer_kit.broker import DeliveryCallback, build_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Subscription:
         self._consumer_tag: str | None = None
         self._lock = asyncio.Lock()  # one state change (open, consume, cancel) at a time
         self.recovery: asyncio.Task[None] | None = None  # set by the consumer while re-creating
+        self._rejects: set[asyncio.Task[None]] = set()
 
     @property
     def queue(self) -> str:
@@ -154,13 +155,26 @@ class Subscription:
 
     async def _consume(self, queue: AbstractQueue, channel: AbstractChannel) -> str:
         async def on_message(message: AbstractIncomingMessage) -> None:
-            delivery = RabbitMQDelivery(
-                message,
-                channel=channel,  # the channel it came on: its copies, its ack, its abandon
-                names=self.names,
-                settle_timeout=self._settle_timeout,
-                max_message_size=self._max_message_size,
+            delivery = build_delivery(
+                lambda: RabbitMQDelivery(
+                    message,
+                    channel=channel,  # the channel it came on: its copies, its ack, its abandon
+                    names=self.names,
+                    settle_timeout=self._settle_timeout,
+                    max_message_size=self._max_message_size,
+                ),
+                unbuildable=lambda _detail: self._reject_unmappable(message),
+                what=f"queue={self.queue} message_id={message.message_id}",
             )
-            self._dispatch(self, delivery)
+            if delivery is not None:
+                self._dispatch(self, delivery)
 
         return str(await queue.consume(on_message, no_ack=False))
+
+    def _reject_unmappable(self, message: AbstractIncomingMessage) -> None:
+        """A message that cannot be mapped onto a delivery: basic.reject without requeue, so the
+        queue's dead-letter exchange moves it, unchanged, to ``<queue>.dlq`` (``x-death`` reason
+        ``rejected``; why is logged)."""
+        task = asyncio.create_task(message.reject(requeue=False), name=f"consumer-kit rabbitmq reject {self.queue}")
+        self._rejects.add(task)
+        task.add_done_callback(self._rejects.discard)

@@ -85,7 +85,10 @@ class ServiceBusConsumer(Consumer):
     @property
     def ready(self) -> bool:
         """True while every subscribed entity has a working receiver (readiness)."""
-        return not self._closed and self._consuming and all(p.healthy for p in self._pumps.values())
+        return (
+            not self._closed and self._consuming and all(p.healthy for p in self._pumps.values())
+            and self._keeper.running
+        )
 
     # -- Consumer API ------------------------------------------------------------------------
 

@@ -55,7 +55,6 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from adapters.servicebus.envelope import (
-    REDELIVERED_PROPERTY,
     as_sent,
     body_of,
     copy_of,
@@ -69,6 +68,7 @@ from adapters.servicebus.errors import LOCK_LOST, describe, is_refusal
 from adapters.servicebus.limits import TooLarge
 from adapters.servicebus.renewal import Renewal
 from adapters.servicebus.route import Route
+from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery
 
 logger = logging.getLogger(__name__)
@@ -97,18 +97,18 @@ class ServiceBusDelivery(Delivery):
     """
 
     def __init__(self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float) -> None:
-        headers = headers_of(message)
+        reading = own_headers.read(headers_of(message))
         entity = route.entity.path
         broker_count = message.delivery_count or 0
         super().__init__(
             queue=entity,
-            message_id=message_id_of(message, headers),
-            headers=headers,
+            message_id=message_id_of(message, reading),
+            headers=reading.headers,
             body=body_of(message),
-            delivery_count=delivery_count_of(message, headers),
+            delivery_count=delivery_count_of(message, reading),
             redelivered=(
                 route.give_backs.is_suspect(entity, message.sequence_number or 0, broker_count)
-                or REDELIVERED_PROPERTY in headers
+                or reading.suspect
             ),
             correlation_id=message.correlation_id,
             partition_key=message.session_id,

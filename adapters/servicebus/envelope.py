@@ -25,7 +25,9 @@ Service Bus's own, on a dead letter: ``DeadLetterReason`` and ``DeadLetterErrorD
 ``MaxDeliveryCountExceeded``).
 
 Delivery count: ``x-consumer-kit-deliveries + delivery_count + 1`` (the SDK's ``delivery_count`` is
-0 on the first delivery). Published events: see :func:`outgoing_message`.
+0 on the first delivery). What each property may hold, and what a malformed one does, is
+consumer-kit's one definition (:mod:`consumer_kit.headers`). Published events: see
+:func:`outgoing_message`.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
+from consumer_kit import headers as own
 from consumer_kit.broker import OutgoingMessage
 from consumer_kit.envelope import CORRELATION_ID_HEADER, MESSAGE_TYPE_HEADER
+from consumer_kit.headers import OwnHeaders
 
 logger = logging.getLogger(__name__)
 
-DELIVERIES_PROPERTY = "x-consumer-kit-deliveries"
-ORIGINAL_MESSAGE_ID_PROPERTY = "x-consumer-kit-message-id"
-REDELIVERED_PROPERTY = "x-consumer-kit-redelivered"
-REDRIVEN_PROPERTY = "x-consumer-kit-redriven"
+# consumer-kit's names (consumer_kit.headers), under this package's names.
+DELIVERIES_PROPERTY = own.DELIVERIES
+ORIGINAL_MESSAGE_ID_PROPERTY = own.MESSAGE_ID
+REDELIVERED_PROPERTY = own.REDELIVERED
+REDRIVEN_PROPERTY = own.REDRIVEN
 DEAD_LETTER_REASON_PROPERTY = "DeadLetterReason"
 DEAD_LETTER_DESCRIPTION_PROPERTY = "DeadLetterErrorDescription"
 
@@ -82,9 +87,11 @@ def fit_dead_letter(reason: str, description: str, room: int | None) -> tuple[st
 
 
 def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
-    """The application properties as ``{str: value}``; ``bytes`` values decoded as UTF-8 text."""
+    """The application properties as ``{str: value}``: names decoded as UTF-8 (bad bytes
+    replaced), ``bytes`` values decoded as UTF-8 text where they are UTF-8 (else kept as
+    ``bytes``, for :func:`consumer_kit.headers.read` to judge)."""
     properties = message.application_properties or {}
-    return {_text(name): _text(value) if isinstance(value, bytes) else value for name, value in properties.items()}
+    return {_name(name): _value(value) for name, value in properties.items()}
 
 
 def body_of(message: ServiceBusReceivedMessage) -> bytes:
@@ -99,16 +106,20 @@ def body_of(message: ServiceBusReceivedMessage) -> bytes:
     return json.dumps(value, default=str).encode("utf-8")
 
 
-def delivery_count_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any]) -> int:
-    """1 on the first delivery: ``x-consumer-kit-deliveries`` (retry copies) plus the broker's
-    ``delivery_count`` plus one."""
-    return _deliveries_before(headers) + (message.delivery_count or 0) + 1
+def delivery_count_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any] | OwnHeaders) -> int:
+    """1 on the first delivery: ``x-consumer-kit-deliveries`` (retry copies; a malformed one is
+    ignored) plus the broker's ``delivery_count`` plus one; ``headers`` as :func:`headers_of`
+    gives them, or their reading (:func:`consumer_kit.headers.read`)."""
+    return _reading(headers).deliveries_before + (message.delivery_count or 0) + 1
 
 
-def message_id_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any]) -> str | None:
+def message_id_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any] | OwnHeaders) -> str | None:
     """The original message id (a retry copy carries it in ``x-consumer-kit-message-id``)."""
-    original = headers.get(ORIGINAL_MESSAGE_ID_PROPERTY)
-    return str(original) if original else message.message_id
+    return _reading(headers).message_id or message.message_id
+
+
+def _reading(headers: Mapping[str, Any] | OwnHeaders) -> OwnHeaders:
+    return headers if isinstance(headers, OwnHeaders) else own.read(headers)
 
 
 def copy_of(
@@ -210,14 +221,15 @@ def schedule_time(delay: float) -> dt.datetime:
     return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay)
 
 
-def _deliveries_before(headers: Mapping[str, Any]) -> int:
-    value = headers.get(DELIVERIES_PROPERTY)
+
+def _name(name: Any) -> Any:
+    return name.decode("utf-8", errors="replace") if isinstance(name, bytes) else name
+
+
+def _value(value: Any) -> Any:
+    if not isinstance(value, bytes):
+        return value
     try:
-        return max(0, int(value)) if value is not None else 0
-    except (TypeError, ValueError):
-        logger.warning("ignoring a malformed %s property", DELIVERIES_PROPERTY)
-        return 0
-
-
-def _text(value: Any) -> Any:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value

@@ -24,6 +24,8 @@ import enum
 import logging
 from typing import Protocol
 
+from consumer_kit.supervised import Supervised, all_running
+
 logger = logging.getLogger(__name__)
 
 MIN_WAIT = 0.1  # seconds between two renewals of one lock, at least
@@ -67,20 +69,23 @@ class LockKeeper:
     """Runs one small renewal task per held lock (the locks count their own renewals)."""
 
     def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[Supervised] = set()
 
     def keep(self, lock: Renewable, *, name: str) -> None:
-        """Renew ``lock`` until its ``released`` event is set or it is lost; ``name`` shows in logs."""
-        task = asyncio.create_task(self._keep(lock, name), name=f"consumer-kit servicebus renew {name}")
+        """Renew ``lock`` until its ``released`` event is set or it is lost; ``name`` shows in logs.
+        The renewal task is supervised (restarted if it dies)."""
+        task = Supervised(f"consumer-kit servicebus renew {name}", lambda: self._keep(lock, name))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.start().on_finished(self._tasks.discard)
+
+    @property
+    def running(self) -> bool:
+        """No renewal task is down (readiness)."""
+        return all_running(list(self._tasks))
 
     async def close(self) -> None:
         """Stop renewing every lock (the consumer is closing: what is not settled goes back)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(task.stop() for task in list(self._tasks)))
 
     async def _keep(self, lock: Renewable, name: str) -> None:
         while not lock.released.is_set():

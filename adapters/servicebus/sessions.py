@@ -25,6 +25,7 @@ set-up (the SDK shares none).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from azure.servicebus.aio import ServiceBusReceiver
@@ -35,9 +36,10 @@ from adapters.servicebus.connection import BACKOFF, close_quietly
 from adapters.servicebus.delivery import ServiceBusDelivery
 from adapters.servicebus.errors import LOCK_LOST, describe
 from adapters.servicebus.route import Route, SessionLock
-from adapters.servicebus.subscription import PumpContext, log_attempt, wait_unlocked
+from adapters.servicebus.subscription import PumpContext, dead_letter_raw, log_attempt, wait_unlocked
 from adapters.servicebus.topology import Entity
-from consumer_kit.broker import DeliveryCallback
+from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +54,18 @@ class SessionPumps:
     def __init__(self, entity: Entity, callback: DeliveryCallback, prefetch: int, context: PumpContext) -> None:
         self.entity = entity
         self._slots = [_SessionSlot(entity, callback, context, index) for index in range(prefetch)]
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[Supervised] = []
 
     @property
     def healthy(self) -> bool:
-        return all(slot.healthy for slot in self._slots)
+        return all(slot.healthy for slot in self._slots) and all_running(self._tasks)
 
     async def open(self) -> None:
         """Nothing to check up front: a session receiver needs a session with messages."""
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(slot.run(), name=f"consumer-kit servicebus session slot {self.entity.path}#{slot.index}")
+            Supervised(f"consumer-kit servicebus session slot {self.entity.path}#{slot.index}", slot.run).start()
             for slot in self._slots
         ]
 
@@ -74,9 +76,7 @@ class SessionPumps:
     async def close(self) -> None:
         """Stop every slot: held retries are given back now and sessions are given up (messages still
         unsettled go back to their sessions, counted)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(task.stop() for task in self._tasks))
         await asyncio.gather(*(closing for slot in self._slots for closing in list(slot.closing)))
 
 
@@ -161,7 +161,16 @@ class _SessionSlot:
                     return
             if not messages:
                 return  # the session is empty for now: take another one
-            delivery = self._current = ServiceBusDelivery(messages[0], route, settle_timeout=self._context.settle_timeout)
+            message, why = messages[0], list[str]()
+            delivery = build_delivery(
+                functools.partial(ServiceBusDelivery, message, route, settle_timeout=self._context.settle_timeout),
+                unbuildable=why.append,
+                what=f"queue={self.entity.path} session={lock.session_id} sequence_number={message.sequence_number}",
+            )
+            if delivery is None:  # in order: dead-letter it before the session's next message
+                await dead_letter_raw(route, message, why[0], self._context.settle_timeout)
+                continue
+            self._current = delivery
             self._context.dispatch(delivery, self._callback)
             await delivery.released.wait()
             if delivery.settlement is None or delivery.lost:

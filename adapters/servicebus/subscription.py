@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
@@ -33,7 +34,9 @@ from adapters.servicebus.redelivery import GiveBacks
 from adapters.servicebus.renewal import LockKeeper
 from adapters.servicebus.route import Route
 from adapters.servicebus.topology import Entity
-from consumer_kit.broker import DeliveryCallback
+from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.errors import DeadLetterReason
+from consumer_kit.supervised import Supervised
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +89,18 @@ class EntityPump:
         self._in_hand: set[ServiceBusDelivery] = set()
         self._slot_freed = asyncio.Event()
         self._receiving = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
-        self.healthy = False
+        self._task: Supervised | None = None
+        self._receiver_healthy = False
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def healthy(self) -> bool:
+        """The receiver is open, its last receive worked and the loop is not down (readiness)."""
+        return self._receiver_healthy and (self._task is None or not self._task.down)
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self._receiver_healthy = value
 
     async def open(self) -> None:
         """Open the receiver now (so a missing entity or a refused sign-in fails the subscribe).
@@ -109,7 +122,7 @@ class EntityPump:
         self.healthy = True
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"consumer-kit servicebus pump {self.entity.path}")
+        self._task = Supervised(f"consumer-kit servicebus pump {self.entity.path}", self._run).start()
 
     async def quiesce(self) -> None:
         """Return once no receive is in progress (at most ``settle_timeout`` seconds); none starts
@@ -120,9 +133,8 @@ class EntityPump:
         """Stop receiving, give held retries back now, close the receiver: what is unsettled goes
         back to the broker when its lock lapses."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)))
+            await self._task.stop()
+        await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)), *self._side_tasks)
         if self._copies is not None:
             await self._copies.close()
         await self._drop_receiver()
@@ -160,13 +172,25 @@ class EntityPump:
         return messages
 
     def _hand_out(self, message: ServiceBusReceivedMessage) -> None:
-        assert self._route is not None
-        delivery = ServiceBusDelivery(message, self._route, settle_timeout=self._context.settle_timeout)
+        route = self._route
+        assert route is not None
+        delivery = build_delivery(
+            lambda: ServiceBusDelivery(message, route, settle_timeout=self._context.settle_timeout),
+            unbuildable=lambda detail: self._spawn(dead_letter_raw(route, message, detail, self._context.settle_timeout)),
+            what=f"queue={self.entity.path} sequence_number={message.sequence_number}",
+        )
+        if delivery is None:
+            return
         self._in_hand.add(delivery)
         delivery.on_released(self._free_slot)
         if self._context.renew_locks:
             self._context.keeper.keep(delivery, name=f"queue={self.entity.path} message_id={delivery.message_id}")
         self._context.dispatch(delivery, self._callback)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"consumer-kit servicebus dead-letter raw {self.entity.path}")
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def _free_slot(self, delivery: ServiceBusDelivery) -> None:
         self._in_hand.discard(delivery)
@@ -195,6 +219,20 @@ class EntityPump:
     async def _drop_receiver(self) -> None:
         receiver, self._receiver, self._route = self._receiver, None, None
         await close_quietly(receiver, self._context.settle_timeout, f"the receiver of {self.entity.path}")
+
+
+async def dead_letter_raw(route: Route, message: ServiceBusReceivedMessage, detail: str, timeout: float) -> None:
+    """Dead-letter a message that could not be mapped onto a delivery, as it is, with reason
+    ``invalid_header`` and ``detail`` (bounded by ``timeout`` seconds; a failure is logged and the
+    lock lapses, so it comes back)."""
+    try:
+        async with asyncio.timeout(timeout):
+            await route.receiver.dead_letter_message(
+                message, reason=DeadLetterReason.INVALID_HEADER.value, error_description=detail
+            )
+        route.counters.add("dead_lettered")
+    except Exception as exc:  # noqa: BLE001 - its lock lapses and it comes back
+        logger.error("dead-lettering an unmappable message of %s failed (%s)", route.entity.path, describe(exc))
 
 
 async def wait_unlocked(lock: asyncio.Lock, timeout: float, what: str) -> None:

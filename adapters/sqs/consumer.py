@@ -29,6 +29,7 @@ from adapters.sqs.settlement import Settler
 from adapters.sqs.subscription import Subscription
 from adapters.sqs.topology import QueueDirectory, QueueInfo, recommended_max_receive_count
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
+from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class SQSConsumer(Consumer):
         self.heartbeat = Heartbeat(self.client, enabled=config.heartbeat)
         self._subscriptions: dict[str, Subscription] = {}
         self._lanes: dict[str, GroupLanes] = {}
-        self._pollers: set[asyncio.Task[None]] = set()
+        self._pollers: dict[str, Supervised] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._releases: set[asyncio.Task[None]] = set()
         self._resumed = asyncio.Event()
@@ -96,8 +97,12 @@ class SQSConsumer(Consumer):
 
     @property
     def ready(self) -> bool:
-        """True while the last poll of every queue worked (readiness)."""
-        return not self._closed and not any(s.failing for s in self._subscriptions.values())
+        """True while the last poll of every queue worked and no poll loop or heartbeat is down
+        (readiness)."""
+        return (
+            not self._closed and not any(s.failing for s in self._subscriptions.values())
+            and all_running([*self._pollers.values(), *self.heartbeat.supervised()])
+        )
 
     @property
     def receives(self) -> int:
@@ -148,11 +153,9 @@ class SQSConsumer(Consumer):
             self._lanes[queue] = GroupLanes(
                 lambda delivery: self._handle(subscription, delivery), self._release_now
             )
-        task = asyncio.create_task(
-            subscription.poll_until_stopped(self._resumed), name=f"consumer-kit sqs poll {queue}"
-        )
-        self._pollers.add(task)
-        task.add_done_callback(self._pollers.discard)
+        self._pollers[queue] = Supervised(
+            f"consumer-kit sqs poll {queue}", lambda: subscription.poll_until_stopped(self._resumed)
+        ).start()
         logger.info(
             "consuming queue=%s (%s, %s) prefetch=%s visibility=%ss heartbeat=%s dead letters to %s",
             queue, info.name, "FIFO" if info.fifo else "standard", prefetch, visibility,
@@ -202,8 +205,9 @@ class SQSConsumer(Consumer):
         if self._closed:
             return
         await self.stop_consuming()
-        if self._pollers:
-            await asyncio.wait(set(self._pollers), timeout=self.config.wait_seconds + _CLOSE_MARGIN)
+        await asyncio.gather(
+            *(p.wait_finished(self.config.wait_seconds + _CLOSE_MARGIN) for p in self._pollers.values())
+        )
         self._closed = True
         running = {*self._handlers, *(t for lanes in self._lanes.values() for t in lanes.tasks)}
         for task in running:
@@ -218,8 +222,8 @@ class SQSConsumer(Consumer):
             await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
         await self.heartbeat.close()
         await self.settler.close()
-        for task in self._pollers:
-            task.cancel()
+        for poller in self._pollers.values():
+            poller.cancel()
         if self._owns_client:
             await self.client.close()
 

@@ -57,6 +57,7 @@ from adapters.sqs.limits import fit
 from adapters.sqs.redelivery import GIVE_BACKS
 from adapters.sqs.settlement import LockLost, Settler
 from adapters.sqs.topology import QueueInfo
+from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.envelope import CORRELATION_ID_HEADER
 
@@ -105,26 +106,25 @@ class SQSDelivery(Delivery):
         on_settled: Callable[[SQSDelivery], None],
     ) -> None:
         system = raw.get("Attributes", {})
-        headers = headers_of(raw.get("MessageAttributes"))
+        reading = own_headers.read(headers_of(raw.get("MessageAttributes")))
         self.sqs_message_id = str(raw["MessageId"])
-        self.receive_count = int(system.get("ApproximateReceiveCount", 1))
+        self.receive_count = int(system.get("ApproximateReceiveCount", 1))  # SQS's own, not the producer's
         delivery_count, redelivered = GIVE_BACKS.judge(
             info.url, self.sqs_message_id,
             receive_count=self.receive_count,
-            earlier=_as_int(headers.get(DELIVERIES_ATTRIBUTE)),
-            copied_suspect=REDELIVERED_ATTRIBUTE in headers,
+            earlier=reading.deliveries_before,
+            copied_suspect=reading.suspect,
         )
         sent = system.get("SentTimestamp")
-        correlation = headers.get(CORRELATION_ID_HEADER)
         self._text = str(raw.get("Body", ""))
         super().__init__(
             queue=queue,
-            message_id=str(headers.get(MESSAGE_ID_ATTRIBUTE) or self.sqs_message_id),
-            headers=headers,
+            message_id=reading.message_id or self.sqs_message_id,
+            headers=reading.headers,
             body=self._text.encode("utf-8"),
             delivery_count=delivery_count,
             redelivered=redelivered,
-            correlation_id=correlation if isinstance(correlation, str) else None,
+            correlation_id=own_headers.read_text(reading.headers.get(CORRELATION_ID_HEADER), 256),
             partition_key=system.get("MessageGroupId"),
             enqueued_at=dt.datetime.fromtimestamp(int(sent) / 1000, dt.UTC) if sent else None,
             settle_timeout=settle_timeout,
@@ -272,9 +272,3 @@ class SQSDelivery(Delivery):
         await self._settler.delete(self)
         return True
 
-
-def _as_int(value: Any) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0

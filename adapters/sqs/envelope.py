@@ -5,17 +5,18 @@ SQS allows at most **10 message attributes** per message, each name 1 to 256 cha
 dot) and a non-empty value. Headers are written as ``String`` attributes, consumer-kit's own and
 the operation's first (:data:`PRIORITY`); whatever does not fit that way (an eleventh header, a
 name SQS does not allow, an empty value) travels in one ``x-consumer-kit-headers`` attribute
-holding a JSON object, which :func:`headers_of` unpacks again, so a handler sees the same headers
-on every broker. Their size, against the queue's limit: :mod:`adapters.sqs.limits`.
+holding a JSON object, which :func:`headers_of` unpacks again (:func:`consumer_kit.headers.unpack`;
+a malformed one makes the delivery ``invalid_header``), so a handler sees the same headers on
+every broker. Their size, against the queue's limit: :mod:`adapters.sqs.limits`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from consumer_kit import headers as ck_headers
 from consumer_kit.envelope import (
     CORRELATION_ID_HEADER,
     MESSAGE_TYPE_HEADER,
@@ -26,22 +27,15 @@ from consumer_kit.envelope import (
 MAX_ATTRIBUTES = 10
 """SQS's limit of message attributes per message."""
 
-MESSAGE_ID_ATTRIBUTE = "x-consumer-kit-message-id"
-"""The stable message id (the outbox event ID, or the producer's id) across copies: SQS gives
-every send a new ``MessageId``."""
-
-DELIVERIES_ATTRIBUTE = "x-consumer-kit-deliveries"
-"""On a retry or release copy: how many deliveries the message had before this copy."""
-
-REDELIVERED_ATTRIBUTE = "x-consumer-kit-redelivered"
-"""On a released copy of a delivery that was itself a redelivery: the copy stays a suspect."""
-
-PACKED_ATTRIBUTE = "x-consumer-kit-headers"
-"""JSON object of the headers that did not fit as attributes of their own."""
-
-DEAD_LETTER_REASON_ATTRIBUTE = "x-dead-letter-reason"
-DEAD_LETTER_DETAIL_ATTRIBUTE = "x-dead-letter-detail"
-ORIGINAL_QUEUE_ATTRIBUTE = "x-original-queue"
+# consumer-kit's names (consumer_kit.headers), as this package calls them. The message id is the
+# stable one (the outbox event ID, or the producer's id) across copies: SQS gives every send a new
+# ``MessageId``.
+MESSAGE_ID_ATTRIBUTE, DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE = (
+    ck_headers.MESSAGE_ID, ck_headers.DELIVERIES, ck_headers.REDELIVERED, ck_headers.PACKED,
+)
+DEAD_LETTER_REASON_ATTRIBUTE, DEAD_LETTER_DETAIL_ATTRIBUTE, ORIGINAL_QUEUE_ATTRIBUTE = (
+    ck_headers.DEAD_LETTER_REASON, ck_headers.DEAD_LETTER_DETAIL, ck_headers.ORIGINAL_QUEUE,
+)
 
 DETAIL_MAX_CHARS = 1000
 """``x-dead-letter-detail`` is cut to this many characters."""
@@ -53,7 +47,7 @@ PRIORITY = (
 )
 """Headers that get attributes of their own first (then the rest, smallest first)."""
 
-NOT_COPIED = frozenset({DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE})
+NOT_COPIED = frozenset({DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE})
 """Set on each copy by consumer-kit itself, never carried over from the delivery it copies."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_\-.]{1,256}$")
@@ -87,28 +81,17 @@ def attributes_for(headers: Mapping[str, Any]) -> Attributes:
     if packed:
         attributes[PACKED_ATTRIBUTE] = {
             "DataType": _STRING,
-            "StringValue": json.dumps({n: plain[n] for n in packed}, separators=(",", ":")),
+            "StringValue": ck_headers.pack({n: plain[n] for n in packed}),
         }
     return attributes
 
 
 def headers_of(attributes: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
     """The headers a received message carries: each attribute's value (``String``/``Number`` as
-    ``str``, ``Binary`` as ``bytes``), with the packed attribute unpacked."""
-    headers: dict[str, Any] = {}
-    packed: Mapping[str, Any] = {}
-    for name, attribute in (attributes or {}).items():
-        value = attribute.get("StringValue", attribute.get("BinaryValue"))
-        if name == PACKED_ATTRIBUTE and isinstance(value, str):
-            try:
-                loaded = json.loads(value)
-            except ValueError:
-                loaded = None
-            if isinstance(loaded, dict):
-                packed = loaded
-                continue
-        headers[name] = value
-    return {**packed, **headers}
+    ``str``, ``Binary`` as ``bytes``), with the packed attribute unpacked (a malformed one is kept
+    as it is: :func:`consumer_kit.headers.read` reports it)."""
+    flat = {name: attribute.get("StringValue", attribute.get("BinaryValue")) for name, attribute in (attributes or {}).items()}
+    return ck_headers.unpack(flat)
 
 
 def copy_headers(headers: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from adapters.sqs.connection import SQSClient
 from adapters.sqs.errors import describe, entry_code, is_stale, is_stale_receipt
+from consumer_kit.supervised import Supervised
 
 if TYPE_CHECKING:
     from adapters.sqs.delivery import SQSDelivery
@@ -54,7 +55,7 @@ class Heartbeat:
         self._client = client
         self.enabled = enabled
         self._held: set[SQSDelivery] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._task = Supervised("consumer-kit sqs heartbeat", self._beat)
         self._warned_12h: set[SQSDelivery] = set()
         self._failing = False
         self.extensions = 0
@@ -63,8 +64,8 @@ class Heartbeat:
     def hold(self, delivery: SQSDelivery) -> None:
         """Keep ``delivery`` locked until :meth:`drop`."""
         self._held.add(delivery)
-        if self.enabled and self._task is None:
-            self._task = asyncio.create_task(self._beat(), name="consumer-kit sqs heartbeat")
+        if self.enabled:
+            self._task.start()  # idempotent
 
     def drop(self, delivery: SQSDelivery) -> None:
         """Stop extending ``delivery`` (it was settled, or handed back unsettled)."""
@@ -96,10 +97,11 @@ class Heartbeat:
         return True
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._task.stop()
+
+    def supervised(self) -> list[Supervised]:
+        """The heartbeat's task (readiness)."""
+        return [self._task]
 
     # -- the beat ----------------------------------------------------------------------------
 

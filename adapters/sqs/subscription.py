@@ -26,16 +26,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from adapters.sqs.connection import SQSClient
-from adapters.sqs.delivery import SQSDelivery
+from adapters.sqs.delivery import DEFAULT_GROUP, SQSDelivery
+from adapters.sqs.envelope import (
+    DEAD_LETTER_DETAIL_ATTRIBUTE,
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    DETAIL_MAX_CHARS,
+    MAX_ATTRIBUTES,
+    ORIGINAL_QUEUE_ATTRIBUTE,
+)
 from adapters.sqs.errors import describe
 from adapters.sqs.renewal import Heartbeat
 from adapters.sqs.settlement import Settler
 from adapters.sqs.topology import QueueInfo
-from consumer_kit.broker import DeliveryCallback
+from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.errors import DeadLetterReason
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,7 @@ class Subscription:
         self.left_to_lapse = 0
         self.failing = False
         self._stopping = False
+        self._side_tasks: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         """Poll no more (the poll in flight finishes; what it brings is given back)."""
@@ -151,12 +160,18 @@ class Subscription:
             return None
         if earlier is not None:
             earlier.lock_lost = True  # SQS handed it out again: the earlier lock is gone
-        delivery = SQSDelivery(
-            raw,
-            queue=self.queue, info=self.info, dead_letters=self.dead_letters, settler=self._settler,
-            requested_at=requested_at, visibility=self.visibility, settle_timeout=self._settle_timeout,
-            renew=self._heartbeat.renew, on_settled=self._settled,
+        delivery = build_delivery(
+            lambda: SQSDelivery(
+                raw,
+                queue=self.queue, info=self.info, dead_letters=self.dead_letters, settler=self._settler,
+                requested_at=requested_at, visibility=self.visibility, settle_timeout=self._settle_timeout,
+                renew=self._heartbeat.renew, on_settled=self._settled,
+            ),
+            unbuildable=lambda detail: self._spawn(self._dead_letter_raw(raw, detail)),
+            what=f"queue={self.queue} sqs_message_id={sqs_message_id}",
         )
+        if delivery is None:
+            return None
         self.held[sqs_message_id] = delivery
         self._heartbeat.hold(delivery)
         if self._wanted() and not self._stopping:
@@ -164,6 +179,33 @@ class Subscription:
         else:
             self._give_back(delivery)
         return delivery
+
+    async def _dead_letter_raw(self, raw: dict[str, Any], detail: str) -> None:
+        """Dead-letter a message that could not be mapped onto a delivery: its body and as many
+        of its attributes as fit beside the reason go to the dead-letter queue, then it is
+        deleted (a failure is logged; the message then comes back and is tried again)."""
+        reason = {
+            DEAD_LETTER_REASON_ATTRIBUTE: DeadLetterReason.INVALID_HEADER.value,
+            DEAD_LETTER_DETAIL_ATTRIBUTE: detail[:DETAIL_MAX_CHARS],
+            ORIGINAL_QUEUE_ATTRIBUTE: self.queue,
+        }
+        attributes = {n: {"DataType": "String", "StringValue": v} for n, v in reason.items()}
+        for name, attribute in list((raw.get("MessageAttributes") or {}).items())[: MAX_ATTRIBUTES - len(reason)]:
+            attributes.setdefault(name, attribute)
+        params: dict[str, Any] = {"MessageBody": str(raw.get("Body", "")), "MessageAttributes": attributes}
+        if self.dead_letters.fifo:
+            params["MessageGroupId"] = str(raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP)
+            params["MessageDeduplicationId"] = f"{raw.get('MessageId')}-dead_letter"
+        try:
+            await self._settler.send(self.dead_letters.url, params)
+            await self._client.call("delete_message", QueueUrl=self.info.url, ReceiptHandle=str(raw["ReceiptHandle"]))
+        except Exception as exc:  # noqa: BLE001 - it comes back when its visibility lapses
+            logger.error("dead-lettering an unmappable message of queue=%s failed (%s)", self.queue, describe(exc))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"consumer-kit sqs dead-letter raw {self.queue}")
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def leave_to_lapse(self, delivery: SQSDelivery) -> None:
         """The worker's hand-over of ``delivery`` ended and left it unsettled: stop holding it
