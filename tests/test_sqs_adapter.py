@@ -247,6 +247,39 @@ async def test_fifo_give_backs_are_no_redelivery_but_a_lapsed_lock_is(sqs: SQSCl
     assert await depth(sqs, url) == 0
 
 
+async def test_a_give_back_whose_redelivery_arrives_before_its_reply_is_still_our_own(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    # What a loaded machine did to the test above: SQS applied retry(0)'s visibility change, the
+    # poller received the message again, and only then did the change's reply come back. Here the
+    # reply is held until the next delivery has been handed over, every time.
+    name = f"t{uuid.uuid4().hex[:10]}.fifo"
+    url = await make_queue(sqs, name)
+    await send(sqs, url, MessageGroupId="g", MessageDeduplicationId="one")
+    handed_over: list[Delivery] = []
+    again = asyncio.Event()
+
+    async def note(delivery: Delivery) -> None:
+        handed_over.append(delivery)
+        if len(handed_over) == 2:
+            again.set()
+
+    inbox = Inbox(note)
+    async with consuming(sqs_endpoint, name, inbox, visibility=30, heartbeat="off") as consumer:
+        async def reply_after_the_redelivery(params: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+            await asyncio.wait_for(again.wait(), WAIT)
+            return reply
+
+        first = await inbox.next()
+        intercept(consumer.client, "change_message_visibility", reply_after_the_redelivery)
+        await first.retry(0)
+        second = await inbox.next()
+        assert (second.delivery_count, second.redelivered) == (2, False)
+        assert not first.lost
+        await second.ack()
+    assert await depth(sqs, url) == 0
+
+
 async def test_the_same_message_twice_in_one_receive_runs_once(sqs: SQSClient, sqs_endpoint: str) -> None:  # noqa: F811
     name = f"t{uuid.uuid4().hex[:10]}"
     url = await make_queue(sqs, name)

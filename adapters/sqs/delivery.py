@@ -232,11 +232,17 @@ class SQSDelivery(Delivery):
         """``ChangeMessageVisibility`` to ``seconds`` (at most what is left of the 12 hours),
         remembered so that the next receive is not taken for a redelivery."""
         seconds = max(0, min(seconds, self.seconds_left_of_12_hours()))
-        await self._settler.change_visibility(self, seconds)
-        GIVE_BACKS.remember(
+        # Remembered first: with 0 s the message is visible again the moment SQS applies the
+        # change, and a receive in flight can hand it back before the change's reply arrives.
+        earlier = GIVE_BACKS.remember(
             self.queue_url, self.sqs_message_id, receive_count=self.receive_count,
             uncounted=uncounted, suspect=self.redelivered and uncounted,
         )
+        try:
+            await self._settler.change_visibility(self, seconds)
+        except BaseException:
+            GIVE_BACKS.forget(self.queue_url, self.sqs_message_id, earlier)
+            raise
 
     async def _copy_then_delete(
         self, target: QueueInfo, headers: dict[str, Any], delay: int, why: str,

@@ -55,9 +55,11 @@ class GiveBacks:
 
     def remember(
         self, queue_url: str, sqs_message_id: str, *, receive_count: int, uncounted: bool, suspect: bool
-    ) -> None:
-        """The delivery received ``receive_count`` times was given back; ``uncounted`` for a
-        release, ``suspect`` when it was a redelivery (a suspect stays a suspect)."""
+    ) -> _GivenBack | None:
+        """The delivery received ``receive_count`` times is being given back; ``uncounted`` for a
+        release, ``suspect`` when it was a redelivery (a suspect stays a suspect). Called before
+        the give-back is sent: the receive it makes possible may come back before its reply does.
+        Returns what was remembered before, for :meth:`forget`."""
         key = (queue_url, sqs_message_id)
         earlier = self._entries.pop(key, None)
         self._entries[key] = _GivenBack(
@@ -68,6 +70,14 @@ class GiveBacks:
         )
         while len(self._entries) > _MAX_ENTRIES:
             self._entries.popitem(last=False)
+        return earlier
+
+    def forget(self, queue_url: str, sqs_message_id: str, earlier: _GivenBack | None) -> None:
+        """The give-back just remembered failed: back to what was remembered before it."""
+        key = (queue_url, sqs_message_id)
+        self._entries.pop(key, None)
+        if earlier is not None:
+            self._entries[key] = earlier
 
     def judge(
         self, queue_url: str, sqs_message_id: str, *, receive_count: int, earlier: int, copied_suspect: bool
