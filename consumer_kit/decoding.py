@@ -43,6 +43,8 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> DecodedDeli
         Exception: whatever a handler's own hook raised (``operation_key``, ``tenant``,
             ``partition_key``, ``projection``): the runtime counts it as a handler fault.
     """
+    if envelope.header_fault is not None:  # consumer-kit's own headers are invalid: believe nothing
+        raise InvalidMessage(DeadLetterReason.INVALID_HEADER, envelope.header_fault)
     handler = route(app, queue, envelope)
     if len(body) > MAX_BODY_BYTES:
         raise InvalidMessage(
