@@ -45,10 +45,10 @@ async def test_every_bad_bookkeeping_header_on_memory(database_url: str) -> None
 
 
 RABBITMQ_DEPTH = 200
-"""AMQP arrays nested this deep. pamqp decodes a field table recursively: at Python's default
-recursion limit a header 10,000 levels deep fails in aiormq's frame reader, before any
-consumer-kit code, and closes the connection (every subscription is re-created, the message comes
-back; a known limit, see the branch report). 10,000 levels travel as JSON text here."""
+"""AMQP arrays nested this deep: past adapters.rabbitmq.wire's 64 levels, so each such value reads
+as wire.UNDECODED (a value of the wrong type) and the header's rule applies. pamqp encodes
+recursively, so this process cannot send 10,000 levels: tests/test_rabbitmq_header_nesting.py sends
+them from a producer process of its own. 10,000 levels also travel as JSON text here."""
 
 RABBITMQ_HUGE = 100_000
 """Characters: the largest test string whose header fits RabbitMQ's default 131,072-byte frame."""
