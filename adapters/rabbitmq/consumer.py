@@ -37,7 +37,7 @@ from adapters.rabbitmq.delivery import RabbitMQDelivery
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
 from adapters.rabbitmq.subscription import Subscription
 from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
-from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
+from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
 from consumer_kit.redaction import redact_url
 from consumer_kit.supervised import Supervised, all_running
 
@@ -115,7 +115,7 @@ class RabbitMQConsumer(Consumer):
         self._lost = asyncio.Event()
         self._lock = asyncio.Lock()  # one (re)start of connection or subscription at a time
         self._supervisor = Supervised("consumer-kit rabbitmq supervisor", self._supervise)
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers = CallbackTasks()
         self._reconnecting = False
         self._paused = False
         self._consuming = True
@@ -224,10 +224,7 @@ class RabbitMQConsumer(Consumer):
         if not self._closed:
             await self.stop_consuming()
             self._closed = True
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.wait(list(self._handlers), timeout=self._settle_timeout)
+        await self._handlers.cancel(self._settle_timeout)
         await self._drop_connection()
 
     def _wants_deliveries(self) -> bool:
@@ -241,9 +238,7 @@ class RabbitMQConsumer(Consumer):
     def _dispatch(self, subscription: Subscription, delivery: RabbitMQDelivery) -> None:
         # Our own task, not the channel's: a lost channel must not cancel a running handler
         # (its settlement then fails and the message comes back from the broker).
-        task = asyncio.create_task(self._handle(subscription, delivery))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        self._handlers.start(self._handle(subscription, delivery))
 
     async def _handle(self, subscription: Subscription, delivery: RabbitMQDelivery) -> None:
         # Unwanted: it was on the wire when the consumer was cancelled (given back uncounted).

@@ -22,7 +22,7 @@ from adapters.servicebus.renewal import LockKeeper
 from adapters.servicebus.sessions import SessionPumps
 from adapters.servicebus.subscription import EntityPump, PumpContext
 from adapters.servicebus.topology import Entity, not_created_here
-from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
+from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class ServiceBusConsumer(Consumer):
         self._connection: Connection | None = None
         self._context: PumpContext | None = None
         self._pumps: dict[str, EntityPump | SessionPumps] = {}
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers = CallbackTasks()
         self._paused = False
         self._consuming = True
         self._closed = False
@@ -171,10 +171,7 @@ class ServiceBusConsumer(Consumer):
             return
         await self.stop_consuming()
         self._closed = True
-        for task in list(self._handlers):
-            task.cancel()
-        if self._handlers:
-            await asyncio.wait(list(self._handlers), timeout=self._settle_timeout)
+        await self._handlers.cancel(self._settle_timeout)
         await asyncio.gather(*(pump.close() for pump in self._pumps.values()))
         await self._keeper.close()
         if self._connection is not None:
@@ -184,9 +181,7 @@ class ServiceBusConsumer(Consumer):
     # -- deliveries --------------------------------------------------------------------------
 
     def _dispatch(self, delivery: ServiceBusDelivery, callback: DeliveryCallback) -> None:
-        task = asyncio.create_task(self._handle(delivery, callback))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        self._handlers.start(self._handle(delivery, callback))
 
     async def _handle(self, delivery: ServiceBusDelivery, callback: DeliveryCallback) -> None:
         try:

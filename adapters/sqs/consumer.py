@@ -28,7 +28,7 @@ from adapters.sqs.renewal import Heartbeat
 from adapters.sqs.settlement import Settler
 from adapters.sqs.subscription import Subscription
 from adapters.sqs.topology import QueueDirectory, QueueInfo, recommended_max_receive_count
-from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
+from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
 from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class SQSConsumer(Consumer):
         self._subscriptions: dict[str, Subscription] = {}
         self._lanes: dict[str, GroupLanes] = {}
         self._pollers: dict[str, Supervised] = {}
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers = CallbackTasks()
         self._releases: set[asyncio.Task[None]] = set()
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -209,11 +209,8 @@ class SQSConsumer(Consumer):
             *(p.wait_finished(self.config.wait_seconds + _CLOSE_MARGIN) for p in self._pollers.values())
         )
         self._closed = True
-        running = {*self._handlers, *(t for lanes in self._lanes.values() for t in lanes.tasks)}
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running, timeout=self._settle_timeout)
+        lane_tasks = [t for lanes in self._lanes.values() for t in lanes.tasks]
+        await self._handlers.cancel(self._settle_timeout, also=lane_tasks)
         for subscription in self._subscriptions.values():
             for delivery in list(subscription.held.values()):
                 if delivery.settlement is None:
@@ -237,9 +234,7 @@ class SQSConsumer(Consumer):
         if lanes is not None:
             lanes.submit(delivery)
             return
-        task = asyncio.create_task(self._handle(subscription, delivery))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        self._handlers.start(self._handle(subscription, delivery))
 
     async def _handle(self, subscription: Subscription, delivery: SQSDelivery) -> None:
         try:
