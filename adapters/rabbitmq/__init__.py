@@ -28,6 +28,8 @@ module              job (the words before the dash are the same in every adapter
                     (no ``batching``: confirms are pipelined)
 ``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) —
                     :class:`RabbitMQDeadLetters`: ``<queue>.dlq``
+``wire``            broker-only: what pamqp may decode — header tables nested deeper than 64
+                    levels are never decoded recursively (one message must not close a connection)
 ==================  ================================================================================
 
 Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
