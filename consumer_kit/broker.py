@@ -40,6 +40,8 @@ class Delivery(abc.ABC):
         correlation_id: the broker's own correlation-id property, where it has one.
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
+        sender: the producer's identity as the broker authenticated it (RabbitMQ validated
+            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (README "Trust").
         settle_timeout: seconds; the one bound on each settlement (see below).
         lost: set when a settlement did not take effect as asked and the broker will redeliver the
             message on its own, as a redelivery: the base class sets it when a hook fails or
@@ -72,6 +74,7 @@ class Delivery(abc.ABC):
         correlation_id: str | None = None,
         partition_key: str | None = None,
         enqueued_at: dt.datetime | None = None,
+        sender: str | None = None,
         settle_timeout: float = 10.0,
     ) -> None:
         self.queue = queue
@@ -83,6 +86,7 @@ class Delivery(abc.ABC):
         self.correlation_id = correlation_id
         self.partition_key = partition_key
         self.enqueued_at = enqueued_at
+        self.sender = sender
         self.settle_timeout = settle_timeout
         self.settlement: Settlement | None = None
         self.lost = False
