@@ -260,3 +260,43 @@ async def test_sqs_sender_is_the_sender_id_sqs_returns(
         again = await inbox.next()
         assert again.sender == first_sender
         await again.ack()
+
+
+@pytest.mark.postgres
+async def test_sqs_worker_allows_a_sender_id_its_tenants_only_and_a_retry_copy_keeps_running(
+    sqs_endpoint: str, sqs: Any, database_url: str, unique_name: str,  # noqa: F811 - the fixtures above
+) -> None:
+    """moto gives every message the same SenderId (its DEFAULT_SENDER_ID): the test allows that
+    sender tenant ``acme`` only; the retry copy the worker sends comes back with the same SenderId."""
+    from moto.sqs.models import DEFAULT_SENDER_ID
+
+    class MotoSenders(AllowListedHandler):
+        tenant_senders: ClassVar[Any] = {DEFAULT_SENDER_ID: {"acme"}}
+
+    AllowListedHandler.calls.clear()
+    AllowListedHandler.fail_first = True
+    app = App("tenancy")
+    app.subscribe(unique_name, MotoSenders())
+    url = await make_queue(sqs, unique_name)
+    for amount, tenant in ((1, "globex"), (500, "acme")):
+        await sqs.call("send_message", QueueUrl=url, MessageBody=body(amount).decode(), MessageAttributes={
+            "operation-id": {"DataType": "String", "StringValue": f"o-{tenant}"},
+            "tenant-id": {"DataType": "String", "StringValue": tenant},
+        })
+    try:
+        async with throwaway_schema(database_url) as schema, runtime_for(
+            app, database_url, schema, retry_delays=[0.0]
+        ) as rt:
+            reports: list[Any] = []
+            inbox = Inbox(lambda delivery: _record(reports, rt, delivery))
+            async with sqs_consuming(sqs_endpoint, unique_name, inbox, prefetch=1):
+                await wait_for(lambda: _count_at_least(reports, 3), "three reports", timeout=30)
+            rows = await fetch_all(database_url, schema, "SELECT scope, key, state FROM operations")
+    finally:
+        AllowListedHandler.fail_first = False
+    outcomes = sorted(r.outcome.value for r in reports)
+    assert outcomes == ["executed", "invalid", "retried"]
+    (refused,) = [r for r in reports if r.outcome is Outcome.INVALID]
+    assert refused.reason == "invalid_header" and refused.operation_key is None  # refused at decoding
+    assert AllowListedHandler.calls == [("acme", 500), ("acme", 500)]
+    assert rows == [("acme/order.place/v1", "o-acme", "completed")]
