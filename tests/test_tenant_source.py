@@ -23,7 +23,7 @@ from adapters.sqs import SQSDelivery
 from consumer_kit import App, ConfigurationError, Context, Handler, Outcome, Result, RetryableError
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
 from tests.harness import fetch_all, runtime_for, throwaway_schema
-from tests.test_rabbitmq_adapter import Inbox, cleanup, consuming, raw_channel, wait_for  # noqa: F401 - fixture
+from tests.test_rabbitmq_adapter import Inbox, cleanup, consuming, raw_channel, send, wait_for  # noqa: F401 - fixture
 from tests.test_sqs_adapter import consuming as sqs_consuming
 from tests.test_sqs_adapter import make_queue, sqs  # noqa: F401 - fixture
 
@@ -195,6 +195,20 @@ async def test_rabbitmq_sender_is_the_validated_user_id_and_a_foreign_one_is_ref
         await anonymous_copy.ack()
         with pytest.raises(TimeoutError):  # the forged publish never reached the queue
             await inbox.next(timeout=0.5)
+
+
+@pytest.mark.rabbitmq
+async def test_rabbitmq_relay_publishes_carry_no_user_id_so_no_sender(
+    rabbitmq_url: str, unique_name: str, cleanup: list[str],  # noqa: F811 - the fixture above
+) -> None:
+    """The relay's publisher sets no ``user_id`` (yet): its events have no authenticated sender, so
+    a handler with ``tenant_senders`` refuses them (README "Trust")."""
+    inbox = Inbox()
+    async with consuming(rabbitmq_url, unique_name, inbox):
+        message_id = await send(rabbitmq_url, unique_name)  # RabbitMQPublisher: what the relay uses
+        delivery = await inbox.next()
+        assert (delivery.message_id, delivery.sender) == (message_id, None)
+        await delivery.ack()
 
 
 @pytest.mark.rabbitmq

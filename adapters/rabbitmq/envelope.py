@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from consumer_kit import headers as own
 from consumer_kit.envelope import (
@@ -91,12 +92,19 @@ def is_kept(name: str) -> bool:
 
 
 def own_user_of(channel: Any) -> str | None:
-    """The user the worker's connection authenticated as (PLAIN: the URL's, aiormq's default
-    ``guest``), or ``None`` where the URL does not say (``auth=external``: a client certificate)."""
+    """The user the worker's connection (of ``channel``, an aiormq channel) authenticated as:
+    :func:`user_of_url` of its URL; ``None`` where it cannot tell."""
     url = getattr(getattr(channel, "connection", None), "url", None)
-    if url is None or str(url.query.get("auth", "plain")).lower() != "plain":
+    return None if url is None else user_of_url(str(url))
+
+
+def user_of_url(url: str) -> str | None:
+    """The user an AMQP URL authenticates as (PLAIN: its user, aiormq's default ``guest``), or
+    ``None`` where the URL does not say (``auth=external``: a client certificate)."""
+    parts = urlsplit(url)
+    if parse_qs(parts.query).get("auth", ["plain"])[-1].lower() != "plain":
         return None
-    return str(url.user or "guest")
+    return unquote(parts.username) if parts.username else "guest"
 
 
 def sender_of(user_id: str | None, headers: Mapping[str, Any], own_user: str | None) -> str | None:
