@@ -52,8 +52,8 @@ class StoredMessage:
     message_id: str
     headers: dict[str, Any]
     deliveries: int = 0  # how many times handed out so far (releases excepted)
-    suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
     sender: str | None = None  # the authenticated producer a test says sent it (Delivery.sender)
+    suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
 
 
 @dataclass(frozen=True)
@@ -193,9 +193,9 @@ class MemoryDelivery(Delivery):
             message_id=reading.message_id or message.message_id,
             headers=reading.headers,
             body=message.body,
+            sender=message.sender,
             delivery_count=reading.deliveries_before + message.deliveries,
             redelivered=message.suspect or reading.suspect,
-            sender=message.sender,
         )
         self._broker = broker
         self._message = message

@@ -37,11 +37,11 @@ class Delivery(abc.ABC):
             ended that hand-over (the worker died, its connection was lost, its lock expired), or
             the adapter cannot tell. The runtime runs such a delivery alone and counts it as a
             possible crash (poison isolation).
+        sender: the producer's identity as the broker authenticated it (RabbitMQ validated
+            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (README "Trust").
         correlation_id: the broker's own correlation-id property, where it has one.
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
-        sender: the producer's identity as the broker authenticated it (RabbitMQ validated
-            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (README "Trust").
         settle_timeout: seconds; the one bound on each settlement (see below).
         lost: set when a settlement did not take effect as asked and the broker will redeliver the
             message on its own, as a redelivery: the base class sets it when a hook fails or
@@ -81,12 +81,12 @@ class Delivery(abc.ABC):
         self.message_id = message_id
         self.headers = headers
         self.body = body
+        self.sender = sender
         self.delivery_count = delivery_count
         self.redelivered = redelivered
         self.correlation_id = correlation_id
         self.partition_key = partition_key
         self.enqueued_at = enqueued_at
-        self.sender = sender
         self.settle_timeout = settle_timeout
         self.settlement: Settlement | None = None
         self.lost = False

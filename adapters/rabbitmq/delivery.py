@@ -231,7 +231,6 @@ class RabbitMQDelivery(Delivery):
         return aio_pika.Message(
             body=b"",
             headers=headers,
-            user_id=self._own_user,
             content_type=original.content_type,
             content_encoding=original.content_encoding,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -242,6 +241,7 @@ class RabbitMQDelivery(Delivery):
             timestamp=original.timestamp,
             type=original.type,
             app_id=original.app_id,
+            user_id=self._own_user,
         ).properties
 
 

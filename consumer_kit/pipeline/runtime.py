@@ -135,9 +135,9 @@ class Runtime:
         (the delivery is released first)."""
         started = time.monotonic()
         envelope = Envelope(
-            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count,
+            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
             correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
-            enqueued_at=delivery.enqueued_at, sender=delivery.sender,
+            enqueued_at=delivery.enqueued_at,
         )
         with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
