@@ -52,6 +52,7 @@ class StoredMessage:
     message_id: str
     headers: dict[str, Any]
     deliveries: int = 0  # how many times handed out so far (releases excepted)
+    sender: str | None = None  # the authenticated producer a test says sent it (Delivery.sender)
     suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
 
 
@@ -110,9 +111,11 @@ class MemoryBroker:
         *,
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
+        sender: str | None = None,
     ) -> str:
-        """Put a message on ``queue``; returns its message id (a new UUID when not given)."""
-        message = StoredMessage(body, message_id or str(uuid.uuid4()), dict(headers or {}))
+        """Put a message on ``queue``; returns its message id (a new UUID when not given).
+        ``sender`` stands for the broker-authenticated producer (``Delivery.sender``)."""
+        message = StoredMessage(body, message_id or str(uuid.uuid4()), dict(headers or {}), sender=sender)
         self._outstanding += 1
         self._enqueue(queue, message)
         return message.message_id
@@ -190,6 +193,7 @@ class MemoryDelivery(Delivery):
             message_id=reading.message_id or message.message_id,
             headers=reading.headers,
             body=message.body,
+            sender=message.sender,
             delivery_count=reading.deliveries_before + message.deliveries,
             redelivered=message.suspect or reading.suspect,
         )

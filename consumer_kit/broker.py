@@ -37,6 +37,8 @@ class Delivery(abc.ABC):
             ended that hand-over (the worker died, its connection was lost, its lock expired), or
             the adapter cannot tell. The runtime runs such a delivery alone and counts it as a
             possible crash (poison isolation).
+        sender: the producer's identity as the broker authenticated it (RabbitMQ validated
+            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (README "Trust").
         correlation_id: the broker's own correlation-id property, where it has one.
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
@@ -72,12 +74,14 @@ class Delivery(abc.ABC):
         correlation_id: str | None = None,
         partition_key: str | None = None,
         enqueued_at: dt.datetime | None = None,
+        sender: str | None = None,
         settle_timeout: float = 10.0,
     ) -> None:
         self.queue = queue
         self.message_id = message_id
         self.headers = headers
         self.body = body
+        self.sender = sender
         self.delivery_count = delivery_count
         self.redelivered = redelivered
         self.correlation_id = correlation_id

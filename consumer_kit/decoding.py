@@ -63,6 +63,7 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> DecodedDeli
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, exc.detail) from None
     if "/" in tenant:  # the scope "<tenant>/<operation_type>/v<n>" must read one way only
         raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id contains '/'")
+    handler.refuse_tenant(tenant, envelope)  # the allow-list: before any claim, so no key is taken
     try:
         message_fingerprint = handler.fingerprint_under(message, handler.projection_version)
     except UnsupportedNumber as exc:  # e.g. "NaN" or "1E+5000" in a string, read as a number

@@ -35,6 +35,9 @@ class Envelope:
             Service Bus ``correlation_id``), where the producer set it.
         partition_key: the broker's ordering key (SQS FIFO group, Service Bus session), or ``None``.
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
+        sender: the producer as the broker authenticated it (RabbitMQ validated ``user_id``, SQS
+            ``SenderId``), ``None`` where the broker gives none: unlike a header, a producer
+            cannot choose it (README "Trust").
     """
 
     queue: str
@@ -44,6 +47,7 @@ class Envelope:
     correlation_property: str | None = None
     partition_key: str | None = None
     enqueued_at: dt.datetime | None = None
+    sender: str | None = None
 
     def header(self, name: str) -> Any:
         """A header's value (exact name first, then case-insensitive), or ``None``.

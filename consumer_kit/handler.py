@@ -22,7 +22,7 @@ import datetime as dt
 import inspect
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from psycopg import AsyncConnection
@@ -37,6 +37,7 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.results import Result
 from consumer_kit.model.retention import Retention
 from consumer_kit.outbox import pending_event
+from consumer_kit.tenancy import check_tenant_senders, refuse_tenant
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -201,6 +202,14 @@ class Handler(Generic[M]):
             identity row is refused as ``key_expired``, never executed as new (see README
             "Retention"). Its age is header ``operation-created-at`` (ISO 8601) or the broker's
             enqueue time.
+        tenant_senders: ``None`` (the default: the tenant is believed as :meth:`tenant` returns it,
+            i.e. whatever the producer wrote in ``tenant-id``), or the allow-list
+            ``{authenticated sender: tenants it may act for}`` (``"*"``: any tenant, for
+            consumer-kit's own identities whose copies a broker attributes to them, e.g. the
+            worker's IAM principal on SQS). A delivery whose tenant is not listed for its
+            ``envelope.sender`` (or that has no sender) is dead-lettered at once as
+            ``invalid_header`` naming ``tenant-id``, before any claim: never executed, and the
+            genuine tenant's key stays free. See README "Trust" for each broker's sender.
         permanent: the effects are irreversible (money, entitlements): the identity is never
             deleted, whatever ``key_retention`` says elsewhere (setting both is refused).
         external_effects: the handler calls something outside PostgreSQL (a payment API, e-mail):
@@ -221,6 +230,7 @@ class Handler(Generic[M]):
     result_retention: ClassVar[dt.timedelta | None] = dt.timedelta(days=30)
     key_retention: ClassVar[dt.timedelta | None] = None
     permanent: ClassVar[bool] = False
+    tenant_senders: ClassVar[Mapping[str, Collection[str]] | None] = None
     model: ClassVar[type[BaseModel]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -259,6 +269,7 @@ class Handler(Generic[M]):
             value = getattr(cls, name)
             if value is not None and (not isinstance(value, dt.timedelta) or value <= dt.timedelta(0)):
                 raise ConfigurationError(f"{cls.__name__}.{name} must be a positive datetime.timedelta or None")
+        check_tenant_senders(cls.tenant_senders, owner=cls.__name__)
         stale = [v for v in type(self).earlier_projections if v >= type(self).projection_version]
         if stale:
             raise ConfigurationError(
@@ -321,7 +332,9 @@ class Handler(Generic[M]):
         return typing.cast("str | None", key)
 
     def tenant(self, message: M, envelope: Envelope) -> str:
-        """The tenant: header ``tenant-id``, default ``"default"``.
+        """The tenant: header ``tenant-id``, default ``"default"``. Override it to derive the
+        tenant from ``envelope.sender`` (the broker-authenticated producer) instead; either way,
+        ``tenant_senders`` then checks the result against the sender.
 
         Raises:
             InvalidMessage: ``invalid_header`` when the header is not a string.
@@ -337,6 +350,14 @@ class Handler(Generic[M]):
         if not isinstance(value, str):
             raise InvalidMessage(DeadLetterReason.INVALID_HEADER, "tenant-id must be a string")
         return value
+
+    def refuse_tenant(self, tenant: str, envelope: Envelope) -> None:
+        """Apply ``tenant_senders`` (see :func:`consumer_kit.tenancy.refuse_tenant`).
+
+        Raises:
+            InvalidMessage: ``invalid_header`` naming ``tenant-id``: the sender may not act for it.
+        """
+        refuse_tenant(type(self).tenant_senders, tenant, envelope, owner=type(self).__name__)
 
     async def reconcile(self, message: M, evidence: Evidence, ctx: Context) -> Reconciled:
         """Decide, for an operation whose previous owner's lease expired, whether its remote
@@ -361,3 +382,4 @@ class Handler(Generic[M]):
             RetryableError: (or any other exception) rolled back and retried.
         """
         raise NotImplementedError
+

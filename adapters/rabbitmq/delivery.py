@@ -48,8 +48,11 @@ from adapters.rabbitmq.envelope import (
     DETAIL_MAX_CHARS,
     ORIGINAL_QUEUE_HEADER,
     REDELIVERED_HEADER,
+    SENDER_HEADER,
     copy_headers,
     delivery_count_of,
+    own_user_of,
+    sender_of,
 )
 from adapters.rabbitmq.limits import Unsendable, fit_headers, frame_max_of
 from adapters.rabbitmq.topology import QueueNames
@@ -69,7 +72,8 @@ class RabbitMQDelivery(Delivery):
     """One RabbitMQ delivery (settlement table in the module docstring).
 
     ``redelivered`` is the broker's own flag or the ``x-consumer-kit-redelivered`` header of a
-    released suspect; ``correlation_id`` is the AMQP ``correlation_id`` property; ``partition_key``
+    released suspect; ``correlation_id`` is the AMQP ``correlation_id`` property; ``sender`` the
+    validated ``user_id`` (or, on a copy, the sender it carries: :mod:`adapters.rabbitmq.envelope`); ``partition_key``
     and ``enqueued_at`` are ``None`` (RabbitMQ has no ordering key and records no enqueue time).
 
     Args:
@@ -91,6 +95,7 @@ class RabbitMQDelivery(Delivery):
     ) -> None:
         reading = own_headers.read(message.headers or {})
         broker_redelivered = bool(message.redelivered)
+        self._own_user = own_user_of(message.channel)
         super().__init__(
             queue=names.queue,
             message_id=message.message_id,
@@ -101,6 +106,7 @@ class RabbitMQDelivery(Delivery):
             correlation_id=message.correlation_id,
             # RabbitMQ stamps no enqueue time: the AMQP timestamp property is the producer's.
             enqueued_at=_aware(message.timestamp),
+            sender=sender_of(message.user_id, reading.headers, self._own_user),
             settle_timeout=settle_timeout,
         )
         self._message = message
@@ -217,8 +223,11 @@ class RabbitMQDelivery(Delivery):
         )
 
     def _properties(self, headers: dict[str, Any]) -> Basic.Properties:
-        """The original's properties with ``headers``, persistent, without an expiration."""
+        """The original's properties with ``headers``, persistent, without an expiration; sent as
+        the worker's own user, with the original's sender (module :mod:`adapters.rabbitmq.envelope`)."""
         original = self._message
+        if self._own_user is not None:
+            headers = {**headers, SENDER_HEADER: self.sender or ""}
         return aio_pika.Message(
             body=b"",
             headers=headers,
@@ -232,6 +241,7 @@ class RabbitMQDelivery(Delivery):
             timestamp=original.timestamp,
             type=original.type,
             app_id=original.app_id,
+            user_id=self._own_user,
         ).properties
 
 

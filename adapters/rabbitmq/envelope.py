@@ -13,12 +13,21 @@ is not a count in range (a double, 2^63 as text, a nested array) is ignored, nev
 A copy consumer-kit republishes (retry, release, dead-letter) is a new message for the broker,
 whose own count restarts, so the copy carries the deliveries before it in
 ``x-consumer-kit-deliveries``; the broker-owned ``x-delivery-count`` is never copied.
+
+Sender (``Delivery.sender``): the AMQP ``user_id`` property, which RabbitMQ validates against the
+publishing connection's user ("Validated User-ID": a publish naming another user is refused, unless
+that user has the ``impersonator`` tag). A copy is published by the worker, so it carries the
+worker's own user in ``user_id`` and the original sender in ``x-consumer-kit-sender`` (``""`` for
+none, so that a copy of an anonymous message is not taken for the worker's own); that header is believed only on a message whose validated ``user_id`` is the receiving worker's own user (a
+producer cannot publish as that user without its credentials), never carried over from the
+delivery a copy is made of.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from consumer_kit import headers as own
 from consumer_kit.envelope import (
@@ -47,7 +56,10 @@ OPERATION_HEADERS = frozenset(
 
 # Set on a copy by consumer-kit itself, never carried over from the delivery it copies: a quorum
 # queue would read a copied x-delivery-count as its own, and a retry is never a suspect.
-_NOT_COPIED = frozenset({BROKER_COUNT_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER})
+SENDER_HEADER = "x-consumer-kit-sender"
+"""On a copy consumer-kit made: the sender of the message it copies (see the module docstring)."""
+
+_NOT_COPIED = frozenset({BROKER_COUNT_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER, SENDER_HEADER})
 
 
 def delivery_count_of(headers: Mapping[str, Any] | OwnHeaders, redelivered: bool) -> int:
@@ -77,3 +89,33 @@ def is_kept(name: str) -> bool:
         or name in OPERATION_HEADERS
     )
 
+
+
+def own_user_of(channel: Any) -> str | None:
+    """The user the worker's connection (of ``channel``, an aiormq channel) authenticated as:
+    :func:`user_of_url` of its URL; ``None`` where it cannot tell."""
+    url = getattr(getattr(channel, "connection", None), "url", None)
+    return None if url is None else user_of_url(str(url))
+
+
+def user_of_url(url: str) -> str | None:
+    """The user an AMQP URL authenticates as (PLAIN: its user, aiormq's default ``guest``), or
+    ``None`` where the URL does not say (``auth=external``: a client certificate)."""
+    parts = urlsplit(url)
+    if parse_qs(parts.query).get("auth", ["plain"])[-1].lower() != "plain":
+        return None
+    return unquote(parts.username) if parts.username else "guest"
+
+
+def sender_of(user_id: str | None, headers: Mapping[str, Any], own_user: str | None) -> str | None:
+    """The authenticated sender of a delivery: its validated ``user_id``, or, on a copy the worker's
+    own user published, the ``x-consumer-kit-sender`` it carries (``""``: the copied message had
+    none). ``None``: no authenticated sender."""
+    if user_id and own_user is not None and user_id == own_user:
+        carried = own.lookup(headers, SENDER_HEADER)
+        if isinstance(carried, bytes):
+            carried = carried.decode("utf-8", errors="replace")
+        if carried is not None:  # a copy: what it carries, or nothing (never the worker's own user)
+            fits = isinstance(carried, str) and 0 < len(carried.encode("utf-8", "replace")) <= 255
+            return carried if fits else None  # an AMQP shortstr, as the user_id it came from
+    return user_id or None

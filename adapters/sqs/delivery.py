@@ -76,7 +76,8 @@ class SQSDelivery(Delivery):
     ``message_id`` is the ``x-consumer-kit-message-id`` attribute (the outbox event ID, kept on
     every copy) or SQS's ``MessageId``; ``delivery_count`` and ``redelivered`` follow
     :mod:`adapters.sqs.redelivery`; ``enqueued_at`` is ``SentTimestamp``; ``partition_key`` is the
-    FIFO ``MessageGroupId``; ``correlation_id`` is the ``correlation-id`` attribute.
+    FIFO ``MessageGroupId``; ``correlation_id`` is the ``correlation-id`` attribute; ``sender`` is
+    ``SenderId`` (the sending IAM user or role id, or account id; a copy consumer-kit sends is the worker's).
 
     Args:
         raw: one message of a ``ReceiveMessage`` reply.
@@ -127,6 +128,7 @@ class SQSDelivery(Delivery):
             correlation_id=own_headers.read_text(reading.headers.get(CORRELATION_ID_HEADER), 256),
             partition_key=system.get("MessageGroupId"),
             enqueued_at=dt.datetime.fromtimestamp(int(sent) / 1000, dt.UTC) if sent else None,
+            sender=str(system["SenderId"]) if system.get("SenderId") else None,  # set by SQS, not the producer
             settle_timeout=settle_timeout,
         )
         self.queue_url = info.url

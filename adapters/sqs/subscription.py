@@ -2,7 +2,7 @@
 
 Each poll asks for ``min(10, prefetch - held)`` messages (none while ``prefetch`` are held) with
 ``WaitTimeSeconds``, ``VisibilityTimeout``, ``MessageAttributeNames=["All"]`` and
-``MessageSystemAttributeNames`` ``ApproximateReceiveCount``, ``SentTimestamp`` and
+``MessageSystemAttributeNames`` ``ApproximateReceiveCount``, ``SentTimestamp``, ``SenderId`` and
 ``MessageGroupId``. A poll that fails (SQS unreachable, throttled) is logged once per outage and
 retried with backoff (0.1 s doubling to 5 s); the consumer is not ready meanwhile.
 
@@ -47,7 +47,7 @@ from consumer_kit.errors import DeadLetterReason
 
 logger = logging.getLogger(__name__)
 
-SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"]
+SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "SenderId"]
 
 
 class Subscription:

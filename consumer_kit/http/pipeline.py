@@ -7,7 +7,9 @@
    any lookup (section 2.1, section 5): missing or malformed, ``400``;
 2. client: the API's ``client`` function authenticates the request and names its client (what it
    raises, e.g. a ``401``, passes through: nothing was looked up or stored);
-3. fingerprint of the route's intent projection (section 2.4): a body without one meaning, ``400``;
+3. the body, at most ``policy.max_body_bytes`` (by ``Content-Length``, then while it streams in),
+   else ``413``; the fingerprint of the route's intent projection (section 2.4), in a worker
+   thread for a large body (:mod:`consumer_kit.http.body`): a body without one meaning, ``400``;
    the scope is client + method + route template + API version (section 5);
 4. BEGIN; claim (scope, key) with ``INSERT ... ON CONFLICT DO NOTHING``. A concurrent request of
    the same key waits on the unique index until the first one's transaction ends, at most
@@ -58,11 +60,14 @@ from starlette.responses import Response
 
 from consumer_kit.errors import PermanentFailure, StatementTimeout
 from consumer_kit.http.answers import answer, key_digest, reconciling, request_intent
+from consumer_kit.http.body import BodyTooLarge, read_body
+from consumer_kit.http.body import fingerprint as body_fingerprint
 from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
 from consumer_kit.http.operation import Operation, serving, stop_serving
 from consumer_kit.http.policy import IdempotencyPolicy
 from consumer_kit.http.problems import (
+    BODY_TOO_LARGE,
     INVALID_BODY,
     MALFORMED_KEY,
     MISSING_KEY,
@@ -176,12 +181,15 @@ class RequestPipeline:
         except KeyRefused as refused:
             return self._problem(MISSING_KEY if isinstance(refused, MissingKey) else MALFORMED_KEY, refused.detail)
         client = await self._client_of(request)  # step 2
+        try:  # step 3: within the limit, then parsed off the event loop when large
+            body = await read_body(request, self.policy.max_body_bytes)
+        except BodyTooLarge as exc:
+            return self._problem(BODY_TOO_LARGE, exc.detail)
         parts = RequestParts(
-            await request.body(), request.headers.get("content-type"), dict(request.path_params),
-            request.query_params.multi_items(),
+            body, request.headers.get("content-type"), dict(request.path_params), request.query_params.multi_items(),
         )
-        try:  # step 3
-            fingerprint = endpoint.intent.fingerprint(parts)
+        try:
+            fingerprint = await body_fingerprint(endpoint.intent, parts)
         except InvalidBody as exc:
             return self._problem(INVALID_BODY, exc.detail)
         identity = request_identity(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.http.body import DEFAULT_MAX_BODY_BYTES, MAX_BODY_BYTES_LIMIT
 from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyFormat
 from consumer_kit.http.stored import (
     DEFAULT_MAX_STORED_BODY_BYTES,
@@ -46,6 +47,9 @@ class IdempotencyPolicy:
         stored_headers: response headers stored for replays besides the default ones
             (``Content-Type``, ``Location``, ``ETag``, ...; see :mod:`consumer_kit.http.stored`).
         max_stored_body_bytes: bytes, 0 to 1,048,576; a larger response is refused before COMMIT.
+        max_body_bytes: bytes, 0 to 1 GiB (default 4 MiB): a larger request body is answered
+            ``413`` (``request-body-too-large``) before any lookup, by ``Content-Length`` or while
+            it streams in: nothing stored, the endpoint not run.
         response_retention: how long the stored response is kept (``None``: until the key goes).
         key_retention: how long the key's identity is kept (``None``: for ever).
         retry_after: seconds, 1 to 3600: ``Retry-After`` of a ``409`` (request outstanding) and a
@@ -61,6 +65,7 @@ class IdempotencyPolicy:
     key_format: KeyFormat = field(default_factory=KeyFormat)
     stored_headers: Iterable[str] = ()
     max_stored_body_bytes: int = DEFAULT_MAX_STORED_BODY_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     response_retention: dt.timedelta | None = dt.timedelta(hours=24)
     key_retention: dt.timedelta | None = dt.timedelta(days=7)
     retry_after: int = 1
@@ -74,6 +79,11 @@ class IdempotencyPolicy:
             raise ConfigurationError(
                 f"IdempotencyPolicy.max_stored_body_bytes={self.max_stored_body_bytes}: bytes, "
                 f"must be between 0 and {MAX_STORED_BODY_BYTES} (e.g. {DEFAULT_MAX_STORED_BODY_BYTES})"
+            )
+        if not 0 <= self.max_body_bytes <= MAX_BODY_BYTES_LIMIT:
+            raise ConfigurationError(
+                f"IdempotencyPolicy.max_body_bytes={self.max_body_bytes}: bytes, must be between 0 and "
+                f"{MAX_BODY_BYTES_LIMIT} (e.g. {DEFAULT_MAX_BODY_BYTES})"
             )
         if not 1 <= self.retry_after <= 3600:
             raise ConfigurationError(f"IdempotencyPolicy.retry_after={self.retry_after}: seconds, must be 1 to 3600")
@@ -115,11 +125,13 @@ class IdempotencyPolicy:
             "with another fingerprint gets 422",
             "concurrent_retry": f"409 with Retry-After: {self.retry_after} while the first request runs",
             "replay": f"the stored status, headers and body, marked {REPLAYED_HEADER}: true",
+            "request_body_max_bytes": self.max_body_bytes,
             "stored_response_max_bytes": self.max_stored_body_bytes,
             "stored_headers": sorted(self.header_names),
             "response_retention_seconds": _seconds(self.response_retention),
             "key_retention_seconds": _seconds(self.key_retention),
-            "not_stored": "requests refused before they ran (invalid key or body, authentication, validation), "
+            "not_stored": "requests refused before they ran (invalid key or body, a body over "
+            "request_body_max_bytes: 413, authentication, validation), "
             "responses with status 400 or above that the operation returned, and unhandled errors: fix and "
             "retry with the same key",
             "stored_failures": "failures the operation reports as permanent are stored and replayed",

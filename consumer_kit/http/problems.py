@@ -38,6 +38,7 @@ class ProblemType:
 MISSING_KEY = ProblemType("idempotency-key-missing", "Idempotency-Key is missing", 400)
 MALFORMED_KEY = ProblemType("idempotency-key-malformed", "Idempotency-Key is malformed", 400)
 INVALID_BODY = ProblemType("request-body-invalid", "The request body has no single meaning", 400)
+BODY_TOO_LARGE = ProblemType("request-body-too-large", "The request body is too large", 413)
 KEY_REUSED = ProblemType("idempotency-key-reused", "Idempotency-Key is already used", 422)
 REQUEST_OUTSTANDING = ProblemType(
     "request-outstanding", "A request is outstanding for this Idempotency-Key", 409

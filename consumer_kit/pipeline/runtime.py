@@ -135,7 +135,7 @@ class Runtime:
         (the delivery is released first)."""
         started = time.monotonic()
         envelope = Envelope(
-            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count,
+            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
             correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
             enqueued_at=delivery.enqueued_at,
         )
