@@ -184,7 +184,7 @@ class MemoryDelivery(Delivery):
         held: Callable[[], bool] | None = None,
     ) -> None:
         message.deliveries += 1
-        reading = own_headers.read(message.headers)
+        reading = own_headers.read(message.headers, message.body)
         super().__init__(
             queue=queue,
             message_id=reading.message_id or message.message_id,

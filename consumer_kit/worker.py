@@ -35,6 +35,7 @@ from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
+from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
@@ -307,6 +308,7 @@ class Worker:
                     f"schema {self.settings.db_schema!r} lacks ledger migrations "
                     f"{', '.join(map(str, missing))}: run `consumer-kit migrate` first"
                 )
+            await install_mark_keys(conn, self.settings)
             for startup in self.app.startup:
                 await startup(conn)
 

@@ -89,7 +89,7 @@ class RabbitMQDelivery(Delivery):
         settle_timeout: float,
         max_message_size: int,
     ) -> None:
-        reading = own_headers.read(message.headers or {})
+        reading = own_headers.read(message.headers or {}, message.body)
         broker_redelivered = bool(message.redelivered)
         super().__init__(
             queue=names.queue,
@@ -221,7 +221,7 @@ class RabbitMQDelivery(Delivery):
         original = self._message
         return aio_pika.Message(
             body=b"",
-            headers=headers,
+            headers=own_headers.seal(dict(headers), self.body),
             content_type=original.content_type,
             content_encoding=original.content_encoding,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,

@@ -97,7 +97,7 @@ class ServiceBusDelivery(Delivery):
     """
 
     def __init__(self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float) -> None:
-        reading = own_headers.read(headers_of(message))
+        reading = own_headers.read(headers_of(message), body_of(message))
         entity = route.entity.path
         broker_count = message.delivery_count or 0
         super().__init__(

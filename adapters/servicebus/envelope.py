@@ -175,6 +175,7 @@ def _resent(
     message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None,
     session_id: str | None = None,
 ) -> ServiceBusMessage:
+    own.seal(properties, body)  # consumer-kit's marks on every copy, signed
     # The SDK refuses a partition key that differs from the session id.
     partition_key = message.partition_key if session_id is None or message.partition_key == session_id else None
     return ServiceBusMessage(

@@ -106,7 +106,7 @@ class SQSDelivery(Delivery):
         on_settled: Callable[[SQSDelivery], None],
     ) -> None:
         system = raw.get("Attributes", {})
-        reading = own_headers.read(headers_of(raw.get("MessageAttributes")))
+        reading = own_headers.read(headers_of(raw.get("MessageAttributes")), str(raw.get("Body", "")).encode("utf-8"))
         self.sqs_message_id = str(raw["MessageId"])
         self.receive_count = int(system.get("ApproximateReceiveCount", 1))  # SQS's own, not the producer's
         delivery_count, redelivered = GIVE_BACKS.judge(

@@ -1,0 +1,130 @@
+"""consumer-kit's marks are believed only under a valid signature (issue 20: a producer cannot steer
+the bookkeeping). Codec level: every mark, forged, tampered, under another key, rotated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from consumer_kit import headers as own
+from consumer_kit import marks
+
+BODY = b'{"order": 418}'
+
+GOOD_VALUES: dict[str, Any] = {
+    own.DELIVERIES: 3,
+    own.REDELIVERED: 1,
+    own.MESSAGE_ID: "m-original",
+    own.REDRIVEN: "max_deliveries_exceeded",
+    own.TRIMMED: 2,
+    own.FIRST_ENQUEUED: "2026-01-01T00:00:00+00:00",
+    own.DEAD_LETTER_REASON: "handler_failed",
+    own.DEAD_LETTER_DETAIL: "ValueError: boom",
+    own.ORIGINAL_QUEUE: "orders",
+}
+
+
+@pytest.fixture(autouse=True)
+def _own_keyring() -> Iterator[None]:
+    before = marks.installed()
+    marks.install(b"k" * 32, source="test")
+    yield
+    marks.install(before.current, before.previous, source=before.source)
+
+
+def test_every_mark_is_in_the_table() -> None:
+    assert set(GOOD_VALUES) == own.MARKS
+
+
+@pytest.mark.parametrize("name", sorted(own.MARKS))
+def test_a_forged_mark_is_dropped_and_counted(name: str) -> None:
+    before = own.UNVERIFIED[name]
+    reading = own.read({name: GOOD_VALUES[name], "operation-id": "k"}, BODY)
+    assert name not in reading.headers and reading.headers["operation-id"] == "k"
+    assert (reading.deliveries_before, reading.suspect, reading.message_id) == (0, False, None)
+    assert reading.fault is None
+    assert own.UNVERIFIED[name] == before + 1
+
+
+@pytest.mark.parametrize("name", sorted(own.MARKS))
+def test_a_signed_mark_is_believed(name: str) -> None:
+    reading = own.read(own.seal({name: GOOD_VALUES[name], "operation-id": "k"}, BODY), BODY)
+    assert reading.headers[name] == GOOD_VALUES[name]
+
+
+def test_signed_marks_give_the_bookkeeping() -> None:
+    reading = own.read(own.seal(dict(GOOD_VALUES), BODY), BODY)
+    assert (reading.deliveries_before, reading.suspect, reading.message_id) == (3, True, "m-original")
+
+
+def test_marks_signed_as_text_verify_as_numbers_and_back() -> None:
+    """SQS hands every value back as text, Service Bus and AMQP keep ints: the signature covers
+    the normalised value."""
+    signed = own.seal({own.DELIVERIES: 3, own.REDELIVERED: 1}, BODY)
+    as_text = {name: str(value) for name, value in signed.items()}
+    reading = own.read(as_text, BODY)
+    assert (reading.deliveries_before, reading.suspect) == (3, True)
+
+
+@pytest.mark.parametrize("change", ["body", "value", "added mark", "removed mark", "other key", "garbage"])
+def test_a_tampered_copy_loses_all_its_marks(change: str) -> None:
+    headers = own.seal({own.DELIVERIES: 3, own.MESSAGE_ID: "m-1", own.ORIGINAL_QUEUE: "orders"}, BODY)
+    body = BODY
+    if change == "body":
+        body = b'{"order": 419}'
+    elif change == "value":
+        headers[own.DELIVERIES] = 0
+    elif change == "added mark":
+        headers[own.REDELIVERED] = 1
+    elif change == "removed mark":
+        del headers[own.ORIGINAL_QUEUE]
+    elif change == "other key":
+        marks.install(b"o" * 32, source="test")
+    else:
+        headers[own.SIGNATURE] = "v1.00000000." + "0" * 64
+    reading = own.read(headers, body)
+    assert not own.MARKS & set(reading.headers)
+    assert (reading.deliveries_before, reading.suspect, reading.message_id) == (0, False, None)
+
+
+def test_the_previous_key_is_accepted_while_rotating() -> None:
+    old = b"p" * 32
+    marks.install(old, source="test")
+    signed = own.seal({own.DELIVERIES: 2}, BODY)
+    marks.install(b"n" * 32, [old], source="test")
+    assert own.read(signed, BODY).deliveries_before == 2
+    resealed = own.seal(dict(signed), BODY)
+    assert resealed[own.SIGNATURE].split(".")[1] == marks.key_id(b"n" * 32)
+    marks.install(b"n" * 32, source="test")  # rotation over: the old key is refused
+    assert own.read(signed, BODY).deliveries_before == 0
+
+
+def test_without_a_body_no_mark_is_believed() -> None:
+    assert own.read(own.seal({own.DELIVERIES: 2}, BODY)).deliveries_before == 0
+
+
+def test_a_message_without_marks_costs_no_hmac(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = marks.verify
+    monkeypatch.setattr(marks, "verify", lambda *a: calls.append(1) or real(*a))
+    own.read({"operation-id": "k", "tenant-id": "t", "traceparent": "00-x"}, BODY)
+    assert calls == []
+    own.read(own.seal({own.DELIVERIES: 1}, BODY), BODY)
+    assert calls == [1]
+
+
+def test_seal_without_marks_leaves_no_signature() -> None:
+    assert own.seal({"operation-id": "k", own.SIGNATURE: "v1.x.y"}, BODY) == {"operation-id": "k"}
+
+
+def test_a_bad_mark_value_keeps_its_table_rule() -> None:
+    """A mark of a bad value is judged by the table first (the message-id mark: invalid_header)."""
+    assert own.read({own.MESSAGE_ID: "a\x00b"}, BODY).fault is not None
+    assert own.read({own.DELIVERIES: -1}, BODY).ignored == (own.DELIVERIES,)
+
+
+def test_a_short_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        marks.install(b"short")
