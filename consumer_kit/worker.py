@@ -27,6 +27,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from consumer_kit import headers as own_headers
 from consumer_kit.app import App
 from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.brokers import open_consumer
@@ -288,6 +289,8 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.summary_interval)
             now = counters.snapshot()
+            if unverified := sum(own_headers.UNVERIFIED.values()):  # forged marks, ignored
+                now["marks_unverified"] = unverified
             delta = {k: v - previous.get(k, 0) for k, v in now.items() if v != previous.get(k, 0)}
             if delta:
                 logger.info(

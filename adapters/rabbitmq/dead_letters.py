@@ -141,7 +141,8 @@ class _Redrive(Redrive[AbstractIncomingMessage]):
         self._timeout = timeout
 
     async def send_copy(self, message: AbstractIncomingMessage, letter: DeadLetter) -> None:
-        headers = {k: v for k, v in (message.headers or {}).items() if k not in _DROPPED}
+        # from the letter's verified headers: a mark a producer forged is never signed anew here
+        headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED}
         headers[REDRIVEN_HEADER] = letter.reason[:REASON_ON_COPY_CHARS]
         own.seal(headers, message.body)
         copy = aio_pika.Message(
