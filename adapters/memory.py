@@ -13,6 +13,7 @@ Service Bus) abandons the delivery, which re-queues it as a redelivery. Brokers 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import logging
 import time
@@ -53,6 +54,9 @@ class StoredMessage:
     headers: dict[str, Any]
     deliveries: int = 0  # how many times handed out so far (releases excepted)
     suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
+    # when the broker first took it: kept in the broker's own memory, so a retry (the same stored
+    # message, re-queued) keeps the operation's age (key expiry)
+    enqueued_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ class MemoryDelivery(Delivery):
             body=message.body,
             delivery_count=reading.deliveries_before + message.deliveries,
             redelivered=message.suspect or reading.suspect,
+            enqueued_at=message.enqueued_at,
         )
         self._broker = broker
         self._message = message

@@ -128,3 +128,47 @@ def test_a_bad_mark_value_keeps_its_table_rule() -> None:
 def test_a_short_key_is_refused() -> None:
     with pytest.raises(ValueError, match="16 bytes"):
         marks.install(b"short")
+
+
+def test_the_first_enqueue_time_is_the_earliest_trustworthy_one() -> None:
+    import datetime as dt
+
+    from consumer_kit.broker import first_enqueue_time
+
+    now = dt.datetime.now(dt.UTC)
+    day = dt.timedelta(days=1)
+    first = (now - 3 * day).isoformat()
+    # a signed mark from an earlier copy wins over this copy's newer broker time ...
+    headers = own.read(own.seal({own.FIRST_ENQUEUED: first}, BODY), BODY).headers
+    assert first_enqueue_time(headers, now - day) == now - 3 * day
+    assert headers[own.FIRST_ENQUEUED] == first  # ... and travels on the next copy
+    # an unsigned one is dropped by the codec: this copy's broker time
+    forged = own.read({own.FIRST_ENQUEUED: first}, BODY).headers
+    assert first_enqueue_time(forged, now - day) == now - day
+    # never later than now: a broker (or AMQP timestamp) time in the future does not count
+    assert first_enqueue_time({}, now + day) <= dt.datetime.now(dt.UTC)
+    # a signed mark later than this copy's broker time does not make it newer
+    later = own.read(own.seal({own.FIRST_ENQUEUED: (now - day).isoformat()}, BODY), BODY).headers
+    assert first_enqueue_time(later, now - 2 * day) == now - 2 * day
+
+
+def test_a_producer_s_operation_time_only_makes_it_earlier_and_never_lies_ahead() -> None:
+    import datetime as dt
+
+    from consumer_kit.decoding import CLOCK_SKEW_SECONDS, operation_time
+    from consumer_kit.envelope import Envelope
+    from consumer_kit.errors import InvalidMessage
+
+    now = dt.datetime.now(dt.UTC)
+    first = now - dt.timedelta(days=2)
+
+    def at(created: dt.datetime) -> dt.datetime | None:
+        envelope = Envelope("q", "m", {own.OPERATION_CREATED_AT: created.isoformat()}, 1, enqueued_at=first)
+        return operation_time(envelope)
+
+    assert at(now - dt.timedelta(days=5)) == now - dt.timedelta(days=5)  # earlier: believed
+    assert at(now - dt.timedelta(days=1)) == first  # later than the broker's: not
+    assert at(now + dt.timedelta(seconds=CLOCK_SKEW_SECONDS / 2)) == first  # within the skew
+    with pytest.raises(InvalidMessage) as refused:
+        at(now + dt.timedelta(days=1))
+    assert refused.value.reason.value == "invalid_header" and own.OPERATION_CREATED_AT in refused.value.detail
