@@ -172,3 +172,19 @@ def test_a_producer_s_operation_time_only_makes_it_earlier_and_never_lies_ahead(
     with pytest.raises(InvalidMessage) as refused:
         at(now + dt.timedelta(days=1))
     assert refused.value.reason.value == "invalid_header" and own.OPERATION_CREATED_AT in refused.value.detail
+
+
+def test_marks_packed_by_a_producer_are_dropped_too() -> None:
+    """SQS packs headers beyond its 10 attributes into ``x-consumer-kit-headers``: a mark hidden
+    there is read after unpacking, so it needs the same signature."""
+    packed = own.pack({own.REDELIVERED: "1", own.DELIVERIES: "5", "tenant-id": "t-1"})
+    reading = own.read({own.PACKED: packed}, BODY)
+    assert (reading.suspect, reading.deliveries_before, reading.headers["tenant-id"]) == (False, 0, "t-1")
+    signed = own.seal({own.REDELIVERED: "1", own.DELIVERIES: "5", "tenant-id": "t-1"}, BODY)
+    reading = own.read({own.PACKED: own.pack(signed)}, BODY)
+    assert (reading.suspect, reading.deliveries_before) == (True, 5)
+
+
+def test_mark_names_are_matched_ignoring_case_when_dropped() -> None:
+    reading = own.read({"X-Consumer-Kit-Redelivered": "1", "X-Original-Queue": "elsewhere"}, BODY)
+    assert reading.suspect is False and not reading.headers
