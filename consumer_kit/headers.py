@@ -38,7 +38,7 @@ header                             type     bad value         why
 ``x-original-queue``               text     ignored           read by ``dlq redrive`` only (the DLQ side)
 ``x-consumer-kit-first-enqueued``  ISO      ignored           the operation's first enqueue time (key
                                   8601+tz                     expiry); absent: this copy's broker time
-``x-consumer-kit-signature``       text     ignored           authenticates the marks (below)
+``x-consumer-kit-mac``             text     ignored           authenticates the marks (below)
 ``operation-id``                   text     (the decoder's)   the operation key: missing or empty is
                                                               ``missing_operation_key``, anything else bad
                                                               ``invalid_operation_key`` (the hostile
@@ -57,7 +57,7 @@ header                             type     bad value         why
 =================================  =======  ================  =========================================
 
 **Marks** (:data:`MARKS`: the ``x-consumer-kit-*`` bookkeeping, ``x-dead-letter-*`` and
-``x-original-queue``) are believed only when ``x-consumer-kit-signature`` authenticates them
+``x-original-queue``) are believed only when ``x-consumer-kit-mac`` authenticates them
 (:mod:`consumer_kit.marks`: one HMAC over the good marks and the body's digest). Unauthenticated
 marks are all removed from the delivery's headers, as if absent, and counted (:data:`UNVERIFIED`);
 a message without marks costs no HMAC. Every copy consumer-kit writes is signed by :func:`seal`.
@@ -119,7 +119,7 @@ DEAD_LETTER_DETAIL = "x-dead-letter-detail"
 ORIGINAL_QUEUE = "x-original-queue"
 FIRST_ENQUEUED = "x-consumer-kit-first-enqueued"
 """On a copy: the broker's enqueue time of the operation's first copy (decides key expiry)."""
-SIGNATURE = "x-consumer-kit-signature"
+SIGNATURE = "x-consumer-kit-mac"
 """The HMAC over the marks of a copy (:mod:`consumer_kit.marks`)."""
 BROKER_COUNT = "x-delivery-count"
 """RabbitMQ's own delivery count (quorum queues)."""
@@ -162,7 +162,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(DEAD_LETTER_DETAIL, "text", invalid=False, max_chars=4096),
     Spec(ORIGINAL_QUEUE, "text", invalid=False, max_chars=1024),
     Spec(FIRST_ENQUEUED, "time", invalid=False, max_chars=64),
-    Spec(SIGNATURE, "text", invalid=False, max_chars=128),
+    Spec(SIGNATURE, "text", invalid=False, max_chars=64),
     Spec(TENANT, "text", invalid=True, max_chars=200),
     Spec(MESSAGE_TYPE, "text", invalid=True, max_chars=256),
     Spec(OPERATION_CREATED_AT, "time", invalid=True, max_chars=64),
@@ -321,7 +321,7 @@ def _drop_unverified(headers: Headers, own: dict[str, Any], body: bytes | None) 
     found = _good_marks(own)
     if not found:
         return
-    signature = read_text(own.get(SIGNATURE), 128)
+    signature = read_text(own.get(SIGNATURE), 64)
     if body is not None and mark_keys.verify(signature, found, body):
         return
     UNVERIFIED.update(found.keys())

@@ -83,7 +83,7 @@ def test_a_tampered_copy_loses_all_its_marks(change: str) -> None:
     elif change == "other key":
         marks.install(b"o" * 32, source="test")
     else:
-        headers[own.SIGNATURE] = "v1.00000000." + "0" * 64
+        headers[own.SIGNATURE] = "A" * 22
     reading = own.read(headers, body)
     assert not own.MARKS & set(reading.headers)
     assert (reading.deliveries_before, reading.suspect, reading.message_id) == (0, False, None)
@@ -96,7 +96,8 @@ def test_the_previous_key_is_accepted_while_rotating() -> None:
     marks.install(b"n" * 32, [old], source="test")
     assert own.read(signed, BODY).deliveries_before == 2
     resealed = own.seal(dict(signed), BODY)
-    assert resealed[own.SIGNATURE].split(".")[1] == marks.key_id(b"n" * 32)
+    assert resealed[own.SIGNATURE] != signed[own.SIGNATURE]  # new copies: the new key
+    assert own.read(resealed, BODY).deliveries_before == 2
     marks.install(b"n" * 32, source="test")  # rotation over: the old key is refused
     assert own.read(signed, BODY).deliveries_before == 0
 
@@ -116,7 +117,7 @@ def test_a_message_without_marks_costs_no_hmac(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_seal_without_marks_leaves_no_signature() -> None:
-    assert own.seal({"operation-id": "k", own.SIGNATURE: "v1.x.y"}, BODY) == {"operation-id": "k"}
+    assert own.seal({"operation-id": "k", own.SIGNATURE: "x" * 22}, BODY) == {"operation-id": "k"}
 
 
 def test_a_bad_mark_value_keeps_its_table_rule() -> None:
@@ -141,7 +142,6 @@ def test_the_first_enqueue_time_is_the_earliest_trustworthy_one() -> None:
     # a signed mark from an earlier copy wins over this copy's newer broker time ...
     headers = own.read(own.seal({own.FIRST_ENQUEUED: first}, BODY), BODY).headers
     assert first_enqueue_time(headers, now - day) == now - 3 * day
-    assert headers[own.FIRST_ENQUEUED] == first  # ... and travels on the next copy
     # an unsigned one is dropped by the codec: this copy's broker time
     forged = own.read({own.FIRST_ENQUEUED: first}, BODY).headers
     assert first_enqueue_time(forged, now - day) == now - day

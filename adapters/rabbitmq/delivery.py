@@ -112,14 +112,14 @@ class RabbitMQDelivery(Delivery):
         await self._message.ack()
 
     async def _retry(self, delay: float) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count
         target = self._names.retry_queue_for(delay)
         if not await self._copy_then_ack(target, headers, "retry"):
             await self._requeue_instead("retry")
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count
         headers[DEAD_LETTER_REASON_HEADER] = reason
         headers[DEAD_LETTER_DETAIL_HEADER] = detail[:DETAIL_MAX_CHARS]
@@ -139,7 +139,7 @@ class RabbitMQDelivery(Delivery):
             await self._requeue_instead("dead_letter")
 
     async def _release(self) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count - 1  # this delivery does not count
         if self.redelivered:
             headers[REDELIVERED_HEADER] = 1

@@ -295,7 +295,7 @@ class ServiceBusDelivery(Delivery):
         if self.lock_lost:
             raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
         copy = copy_of(
-            self._message, self.headers, self.body,
+            self._message, self.headers_for_copies, self.body,
             deliveries_before=deliveries_before, message_id=self.message_id, suspect=suspect,
         )
         try:

@@ -99,15 +99,16 @@ async def test_an_operation_time_a_day_ahead_is_refused_naming_the_header(contra
     assert accepted.outcome is Outcome.EXECUTED and handler.runs == 1
 
 
-async def test_a_redrive_after_prune_is_key_expired_never_executed(contract: Contract) -> None:
-    """Dead-lettered after its attempts (a retry copy, then a dead-letter copy, each with a new
-    enqueue time on the broker), then ``prune``, then a redrive (a third copy): refused as
+@pytest.mark.parametrize("attempts", [1, 2], ids=["dead-lettered at once", "after a retry copy"])
+async def test_a_redrive_after_prune_is_key_expired_never_executed(contract: Contract, attempts: int) -> None:
+    """Dead-lettered after its attempts (with 2: a retry copy, then a dead-letter copy, each with a
+    new enqueue time on the broker), then ``prune``, then a redrive (one more copy): refused as
     ``key_expired`` because the first enqueue time travels, signed, on every copy."""
     if contract.driver.name == "memory":
         pytest.skip("the memory broker keeps no dead-letter queue to redrive")
     handler = Counted()  # key retention 3 s
     queue = contract.driver.queue
-    async with contract.worker(handler, max_deliveries=2) as worker:
+    async with contract.worker(handler, max_deliveries=attempts) as worker:
         sent = time.monotonic()
         await contract.driver.send(command(order_id=5), {"operation-id": f"op-{uuid.uuid4()}"})
         seen = await contract.reports_until(lambda s: any(r.outcome is Outcome.DEAD_LETTERED for r in s))
