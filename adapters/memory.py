@@ -13,6 +13,7 @@ Service Bus) abandons the delivery, which re-queues it as a redelivery. Brokers 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import functools
 import logging
 import time
@@ -54,6 +55,9 @@ class StoredMessage:
     deliveries: int = 0  # how many times handed out so far (releases excepted)
     sender: str | None = None  # the authenticated producer a test says sent it (Delivery.sender)
     suspect: bool = False  # the last hand-over ended without a settlement (lock expired, abandoned)
+    # when the broker first took it: kept in the broker's own memory, so a retry (the same stored
+    # message, re-queued) keeps the operation's age (key expiry)
+    enqueued_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
 
 @dataclass(frozen=True)
@@ -187,7 +191,7 @@ class MemoryDelivery(Delivery):
         held: Callable[[], bool] | None = None,
     ) -> None:
         message.deliveries += 1
-        reading = own_headers.read(message.headers)
+        reading = own_headers.read(message.headers, message.body)
         super().__init__(
             queue=queue,
             message_id=reading.message_id or message.message_id,
@@ -196,6 +200,7 @@ class MemoryDelivery(Delivery):
             sender=message.sender,
             delivery_count=reading.deliveries_before + message.deliveries,
             redelivered=message.suspect or reading.suspect,
+            enqueued_at=message.enqueued_at,
         )
         self._broker = broker
         self._message = message

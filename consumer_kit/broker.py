@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from consumer_kit import headers as own
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.model.settlement import Settlement as Settlement
 
@@ -42,6 +43,9 @@ class Delivery(abc.ABC):
         correlation_id: the broker's own correlation-id property, where it has one.
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
+        first_enqueued_at: the earliest trustworthy time of the operation
+            (:func:`first_enqueue_time`): it decides key expiry, and every copy made of this
+            delivery carries it (signed; :attr:`headers_for_copies`).
         settle_timeout: seconds; the one bound on each settlement (see below).
         lost: set when a settlement did not take effect as asked and the broker will redeliver the
             message on its own, as a redelivery: the base class sets it when a hook fails or
@@ -87,9 +91,17 @@ class Delivery(abc.ABC):
         self.correlation_id = correlation_id
         self.partition_key = partition_key
         self.enqueued_at = enqueued_at
+        self.first_enqueued_at = first_enqueue_time(headers, enqueued_at)
         self.settle_timeout = settle_timeout
         self.settlement: Settlement | None = None
         self.lost = False
+
+    @property
+    def headers_for_copies(self) -> dict[Any, Any]:
+        """The headers every copy of this delivery starts from (retry, release, dead-letter): its
+        own plus ``x-consumer-kit-first-enqueued`` (:attr:`first_enqueued_at`), which the adapter's
+        copy signs with the other marks."""
+        return {**self.headers, own.FIRST_ENQUEUED: self.first_enqueued_at.astimezone(dt.UTC).isoformat()}
 
     @property
     def header_fault(self) -> str | None:
@@ -380,6 +392,22 @@ class Publisher(abc.ABC):
 
 
 # -- dead-letter queues (consumer-kit dlq): defined in consumer_kit.dead_letters, re-exported here --
+
+def first_enqueue_time(headers: Mapping[str, Any], enqueued_at: dt.datetime | None) -> dt.datetime:
+    """The earliest trustworthy enqueue time of the operation a delivery belongs to: the signed
+    ``x-consumer-kit-first-enqueued`` mark its earlier copies carried (the codec has dropped an
+    unsigned one), never later than the broker's time for this copy (``enqueued_at``; RabbitMQ has
+    none, so the time of receipt). Every copy consumer-kit makes of the delivery (retry, release,
+    dead-letter, then redrive) carries it (:attr:`Delivery.headers_for_copies`), signed by
+    :func:`consumer_kit.headers.seal`: a copy's new enqueue time never makes the operation look
+    newer."""
+    now = dt.datetime.now(dt.UTC)
+    first = min(enqueued_at, now) if enqueued_at is not None else now
+    carried = own.read_time(own.lookup(headers, own.FIRST_ENQUEUED))
+    if carried is not None:
+        first = min(first, carried)
+    return first
+
 
 from consumer_kit.dead_letters import DeadLetter as DeadLetter  # noqa: E402 - re-exports, kept apart
 from consumer_kit.dead_letters import DeadLetterQueues as DeadLetterQueues  # noqa: E402

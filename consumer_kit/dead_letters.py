@@ -2,7 +2,8 @@
 listing and redriving them, and the one redrive loop every adapter fills with its broker calls.
 
 :mod:`consumer_kit.broker` re-exports the types, so adapters keep importing the broker contract
-from there. This module imports nothing of consumer_kit but :mod:`consumer_kit.errors`.
+from there. This module imports nothing of consumer_kit but :mod:`consumer_kit.errors` and the
+headers codec (:mod:`consumer_kit.headers`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import abc
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from consumer_kit import headers as own
 from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger("consumer_kit.dead_letters")
@@ -242,7 +244,7 @@ class Redrive(abc.ABC, Generic[M]):
         dead-letter queue); ``True`` when it was sent (counted ``redriven``, even if the removal
         failed: it then stays in the dead-letter queue as well). Tells ``progress``."""
         try:
-            await self.send_copy(message, letter)
+            await self.send_copy(message, _first_enqueue_kept(letter))
         except CopyRefused as refused:
             self.report.failed += 1
             logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
@@ -264,3 +266,15 @@ class Redrive(abc.ABC, Generic[M]):
     def _told(self, letter: DeadLetter, moved: bool) -> None:
         if self._progress is not None:
             self._progress(letter, moved)
+
+
+def _first_enqueue_kept(letter: DeadLetter) -> DeadLetter:
+    """``letter`` with ``x-consumer-kit-first-enqueued`` set to the earliest of its (signed) mark
+    and the broker's first enqueue time of the letter, so the redriven copy, a new message with a
+    new enqueue time, keeps the operation's age (key expiry). The adapter's copy signs it."""
+    carried = own.read_time(own.lookup(letter.headers, own.FIRST_ENQUEUED))
+    known = [when for when in (carried, letter.enqueued_at) if when is not None]
+    if not known:
+        return letter
+    first = min(known).astimezone(dt.UTC).isoformat()
+    return replace(letter, headers={**letter.headers, own.FIRST_ENQUEUED: first})

@@ -86,12 +86,21 @@ def decode(app: App, queue: str, body: bytes, envelope: Envelope) -> DecodedDeli
     )
 
 
+CLOCK_SKEW_SECONDS = 60.0
+"""How far in the future an ``operation-created-at`` may lie (producers' clocks drift): beyond it,
+``invalid_header``."""
+
+
 def operation_time(envelope: Envelope) -> dt.datetime | None:
-    """When the operation was created: header ``operation-created-at`` (ISO 8601 with an offset,
-    e.g. ``2026-11-30T12:00:00Z``), else the broker's enqueue time, else ``None``.
+    """When the operation was created, the time that decides key expiry: the envelope's
+    ``enqueued_at`` (the runtime passes the operation's earliest trustworthy enqueue time,
+    :func:`consumer_kit.broker.first_enqueue_time`), made earlier (never later) by a header
+    ``operation-created-at`` (ISO 8601 with an offset, e.g. ``2026-11-30T12:00:00Z``); ``None``
+    when neither is known.
 
     Raises:
-        InvalidMessage: ``invalid_header`` for a header that is not such a time.
+        InvalidMessage: ``invalid_header`` naming ``operation-created-at`` for a header that is not
+            such a time, or one more than :data:`CLOCK_SKEW_SECONDS` in the future.
     """
     value = envelope.header(OPERATION_CREATED_AT_HEADER)
     if value is None:
@@ -110,7 +119,12 @@ def operation_time(envelope: Envelope) -> dt.datetime | None:
             DeadLetterReason.INVALID_HEADER,
             f"{OPERATION_CREATED_AT_HEADER} must be an ISO 8601 time with an offset (e.g. 2026-11-30T12:00:00Z)",
         )
-    return parsed
+    if (parsed - dt.datetime.now(dt.UTC)).total_seconds() > CLOCK_SKEW_SECONDS:
+        raise InvalidMessage(
+            DeadLetterReason.INVALID_HEADER,
+            f"{OPERATION_CREATED_AT_HEADER} is {parsed.isoformat()}, more than {CLOCK_SKEW_SECONDS:.0f} s in the future",
+        )
+    return parsed if envelope.enqueued_at is None else min(parsed, envelope.enqueued_at)
 
 
 def route(app: App, queue: str, envelope: Envelope) -> Handler[Any]:

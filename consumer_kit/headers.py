@@ -36,6 +36,9 @@ header                             type     bad value         why
 ``x-dead-letter-reason``           text     ignored           read by operator tools only, as text
 ``x-dead-letter-detail``           text     ignored           read by operator tools only, as text
 ``x-original-queue``               text     ignored           read by ``dlq redrive`` only (the DLQ side)
+``x-consumer-kit-first-enqueued``  ISO      ignored           the operation's first enqueue time (key
+                                  8601+tz                     expiry); absent: this copy's broker time
+``x-consumer-kit-mac``             text     ignored           authenticates the marks (below)
 ``operation-id``                   text     (the decoder's)   the operation key: missing or empty is
                                                               ``missing_operation_key``, anything else bad
                                                               ``invalid_operation_key`` (the hostile
@@ -53,6 +56,12 @@ header                             type     bad value         why
                                   <= 256
 =================================  =======  ================  =========================================
 
+**Marks** (:data:`MARKS`: the ``x-consumer-kit-*`` bookkeeping, ``x-dead-letter-*`` and
+``x-original-queue``) are believed only when ``x-consumer-kit-mac`` authenticates them
+(:mod:`consumer_kit.marks`: one HMAC over the good marks and the body's digest). Unauthenticated
+marks are all removed from the delivery's headers, as if absent, and counted (:data:`UNVERIFIED`);
+a message without marks costs no HMAC. Every copy consumer-kit writes is signed by :func:`seal`.
+
 Accepted encodings, as the brokers hand them over: a count is an ``int`` (not ``bool``) or ASCII
 decimal digits as ``str``/``bytes`` (SQS and Service Bus carry text); text is ``str`` or UTF-8
 ``bytes``, without control characters or lone surrogates; a time is ISO 8601 with an offset or an
@@ -62,14 +71,32 @@ aware ``datetime`` (an AMQP timestamp). Names are matched as :meth:`Envelope.hea
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
-import unicodedata
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from consumer_kit import marks as mark_keys
+from consumer_kit.header_values import (
+    MAX_COUNT,
+    read_count,
+    read_flag,
+    read_packed,
+    read_text,
+    read_time,
+)
+
+# the value readers are the codec's public API too (consumer_kit.header_values holds them)
+__all__ = [
+    "BROKER_COUNT", "CORRELATION_ID", "DEAD_LETTER_DETAIL", "DEAD_LETTER_REASON", "DELIVERIES",
+    "FIRST_ENQUEUED", "IGNORED", "MARKS", "MAX_COUNT", "MESSAGE_ID", "MESSAGE_TYPE", "OPERATION_CREATED_AT",
+    "OPERATION_ID", "ORIGINAL_QUEUE", "PACKED", "PARTITION_KEY", "REDELIVERED", "REDRIVEN", "SIGNATURE",
+    "SPECS", "SPEC_BY_NAME", "TENANT", "TRIMMED", "UNVERIFIED", "Headers", "OwnHeaders", "Spec",
+    "is_valid", "lookup", "pack", "read", "read_count", "read_flag", "read_packed", "read_text",
+    "read_time", "seal", "unpack", "without_marks",
+]
 
 logger = logging.getLogger("consumer_kit.headers")
 
@@ -90,6 +117,10 @@ TRIMMED = "x-consumer-kit-trimmed-headers"
 DEAD_LETTER_REASON = "x-dead-letter-reason"
 DEAD_LETTER_DETAIL = "x-dead-letter-detail"
 ORIGINAL_QUEUE = "x-original-queue"
+FIRST_ENQUEUED = "x-consumer-kit-first-enqueued"
+"""On a copy: the broker's enqueue time of the operation's first copy (decides key expiry)."""
+SIGNATURE = "x-consumer-kit-mac"
+"""The HMAC over the marks of a copy (:mod:`consumer_kit.marks`)."""
 BROKER_COUNT = "x-delivery-count"
 """RabbitMQ's own delivery count (quorum queues)."""
 
@@ -100,13 +131,11 @@ CORRELATION_ID = "correlation-id"
 PARTITION_KEY = "partition-key"
 OPERATION_CREATED_AT = "operation-created-at"
 
-MAX_COUNT = 2**31 - 1
-"""The largest count believed (Service Bus and AMQP counts are 32-bit); above it: bad."""
-MAX_PACKED_BYTES = 1024 * 1024
-"""The largest packed-headers value read (SQS's maximum message size)."""
 
 IGNORED: Counter[str] = Counter()
 """Bad values ignored since the process started, by header name (the operator's counter)."""
+UNVERIFIED: Counter[str] = Counter()
+"""Marks ignored since the process started because no valid signature covered them, by name."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +161,8 @@ SPECS: tuple[Spec, ...] = (
     Spec(DEAD_LETTER_REASON, "text", invalid=False, max_chars=1024),
     Spec(DEAD_LETTER_DETAIL, "text", invalid=False, max_chars=4096),
     Spec(ORIGINAL_QUEUE, "text", invalid=False, max_chars=1024),
+    Spec(FIRST_ENQUEUED, "time", invalid=False, max_chars=64),
+    Spec(SIGNATURE, "text", invalid=False, max_chars=64),
     Spec(TENANT, "text", invalid=True, max_chars=200),
     Spec(MESSAGE_TYPE, "text", invalid=True, max_chars=256),
     Spec(OPERATION_CREATED_AT, "time", invalid=True, max_chars=64),
@@ -143,83 +174,20 @@ the decoder's)."""
 
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 
+MARKS = frozenset({
+    DELIVERIES, REDELIVERED, MESSAGE_ID, REDRIVEN, TRIMMED, FIRST_ENQUEUED,
+    DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, ORIGINAL_QUEUE,
+})
+"""consumer-kit's bookkeeping on a message: believed only under a valid :data:`SIGNATURE`."""
+
+
+def without_marks(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """``headers`` without any mark or signature (names matched ignoring case): what a new message
+    (a relay publish) starts from, so that it never signs marks a handler passed on."""
+    return {k: v for k, v in headers.items() if not (isinstance(k, str) and k.lower() in _MARKS_LOWER | {SIGNATURE})}
+
 
 # -- values ----------------------------------------------------------------------------------------
-
-
-def read_count(value: Any) -> int | None:
-    """A count in ``[0, MAX_COUNT]`` from an ``int`` or ASCII decimal digits (``str``/``bytes``);
-    ``None`` for anything else (never raises)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if 0 <= value <= MAX_COUNT else None
-    if isinstance(value, bytes | bytearray):
-        if len(value) > 10 or not value.isdigit() or not value.isascii():
-            return None
-        value = value.decode("ascii")
-    if isinstance(value, str) and 0 < len(value) <= 10 and value.isascii() and value.isdigit():
-        number = int(value)
-        return number if number <= MAX_COUNT else None
-    return None
-
-
-def read_flag(value: Any) -> bool | None:
-    """``True`` for the mark consumer-kit writes (``1``, ``"1"``, ``b"1"``, ``True``), ``None`` for
-    anything else."""
-    if value is True or (type(value) is int and value == 1):
-        return True
-    if type(value) in (str, bytes) and value in ("1", b"1"):
-        return True
-    return None
-
-
-def read_text(value: Any, max_chars: int) -> str | None:
-    """``str`` or UTF-8 ``bytes`` of at most ``max_chars`` characters without control characters
-    or lone surrogates; ``None`` for anything else."""
-    if isinstance(value, bytes | bytearray):
-        if len(value) > 4 * max_chars:
-            return None
-        try:
-            value = bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    if not isinstance(value, str) or len(value) > max_chars:
-        return None
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in value):
-        return None
-    return value
-
-
-def read_time(value: Any) -> dt.datetime | None:
-    """An aware ``datetime`` from an aware ``datetime`` or ISO 8601 text with an offset (at most
-    64 characters); ``None`` for anything else."""
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo is not None else None
-    text = read_text(value, 64)
-    if text is None:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
-
-
-def read_packed(value: Any) -> dict[str, str] | None:
-    """The headers packed in ``x-consumer-kit-headers``: a JSON object of text values (at most
-    :data:`MAX_PACKED_BYTES`); ``None`` for anything else, however deep or large."""
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("utf-8", "replace")
-    if not isinstance(value, str) or len(value) > MAX_PACKED_BYTES or not value.startswith("{"):
-        return None
-    try:
-        loaded = json.loads(value)
-    except (ValueError, RecursionError):  # RecursionError: nested thousands of levels deep
-        return None
-    if not isinstance(loaded, dict) or not all(isinstance(v, str) for v in loaded.values()):
-        return None
-    return loaded
 
 
 def pack(headers: Mapping[str, str]) -> str:
@@ -286,11 +254,13 @@ class OwnHeaders:
     ignored: tuple[str, ...] = field(default=())
 
 
-def read(raw: Mapping[Any, Any]) -> OwnHeaders:
-    """Read consumer-kit's headers from ``raw`` (as the adapter mapped them) by the table in the
-    module docstring. Never raises: a failure of its own becomes a ``fault``."""
+def read(raw: Mapping[Any, Any], body: bytes | None = None) -> OwnHeaders:
+    """Read consumer-kit's headers from ``raw`` (as the adapter mapped them) of a message with
+    ``body`` by the table in the module docstring; marks without a valid signature over them and
+    ``body`` are dropped (``None``: none can be verified). Never raises: a failure of its own
+    becomes a ``fault``."""
     try:
-        return _read(raw)
+        return _read(raw, body)
     except Exception as exc:  # noqa: BLE001 - the codec must never stop a receive loop
         logger.error("reading headers failed (%s): the delivery is invalid_header", type(exc).__name__)
         try:
@@ -313,9 +283,62 @@ def unpack(raw: Mapping[Any, Any]) -> dict[Any, Any]:
     return {**packed, **headers}
 
 
-def _read(raw: Mapping[Any, Any]) -> OwnHeaders:
+def seal(headers: dict[Any, Any], body: bytes) -> dict[Any, Any]:
+    """Sign the marks in ``headers`` (a copy consumer-kit is about to send with ``body``): set
+    :data:`SIGNATURE` over them, or remove it when there are none. Returns ``headers`` (changed in
+    place). The one place marks are signed: every adapter calls it on every copy it writes."""
+    found = _good_marks(_own_values(headers))
+    for name in [k for k in headers if isinstance(k, str) and k.lower() == SIGNATURE]:
+        del headers[name]
+    if found:
+        headers[SIGNATURE] = mark_keys.sign(found, body)
+    return headers
+
+
+def _good_marks(own: Mapping[str, Any]) -> dict[str, str]:
+    """The marks among ``own`` with a good value, as the normalised text a signature covers."""
+    found: dict[str, str] = {}
+    for name in MARKS.intersection(own):
+        value = own[name]
+        spec = SPEC_BY_NAME[name]
+        if spec.kind == "count":
+            count = read_count(value)
+            text = None if count is None else str(count)
+        elif spec.kind == "flag":
+            text = "1" if read_flag(value) else None
+        elif spec.kind == "time":
+            when = read_time(value)
+            text = None if when is None else when.isoformat()
+        else:
+            text = read_text(value, spec.max_chars)
+        if text is not None:
+            found[name] = text
+    return found
+
+
+def _drop_unverified(headers: Headers, own: dict[str, Any], body: bytes | None) -> None:
+    """Remove the marks from ``headers`` and ``own`` unless a valid signature covers them."""
+    found = _good_marks(own)
+    if not found:
+        return
+    signature = read_text(own.get(SIGNATURE), 64)
+    if body is not None and mark_keys.verify(signature, found, body):
+        return
+    UNVERIFIED.update(found.keys())
+    logger.info("ignored unauthenticated mark(s) %s", ",".join(sorted(found)))
+    for key in [k for k in headers if isinstance(k, str) and k.lower() in _MARKS_LOWER]:
+        del headers[key]
+    for name in MARKS.intersection(own):
+        del own[name]
+
+
+_MARKS_LOWER = frozenset(name.lower() for name in MARKS)
+
+
+def _read(raw: Mapping[Any, Any], body: bytes | None) -> OwnHeaders:
     headers = Headers(unpack(raw))
     own = _own_values(headers)
+    _drop_unverified(headers, own, body)
     fault: str | None = None
     ignored: list[str] = []
     if PACKED in own:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
@@ -104,6 +104,15 @@ class DatabaseSettings(BaseSettings):
     embedded_data_dir: Path = Field(
         default=Path(".consumer-kit/pgdata"), description="Data directory of the embedded PostgreSQL."
     )
+    mark_key: SecretStr | None = Field(
+        default=None, min_length=16,
+        description="Key (at least 16 characters) that signs consumer-kit's marks on the copies it sends."
+        " Unset: the random key `consumer-kit migrate` keeps in the schema's mark_keys table.",
+    )
+    mark_key_previous: SecretStr | None = Field(
+        default=None, min_length=16,
+        description="While rotating mark_key: the previous key, still accepted on marks (never signs).",
+    )
 
     @field_validator("db_schema")
     @classmethod
@@ -153,6 +162,8 @@ class DatabaseSettings(BaseSettings):
             source, value = env_name(name), _environ(env_name(name), error.get("input"))
         if name.endswith("_url"):  # never a password in an error
             value = redact_url(value) if isinstance(value, str) else "***"
+        if name.startswith("mark_key"):  # nor a key
+            value = "***"
         extra = field.json_schema_extra if field is not None else None
         info: Mapping[str, Any] = extra if isinstance(extra, Mapping) else {}
         shown = value if isinstance(value, str) else json.dumps(value, default=str)

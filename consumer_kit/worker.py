@@ -27,6 +27,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from consumer_kit import headers as own_headers
 from consumer_kit.app import App
 from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.brokers import open_consumer
@@ -35,6 +36,7 @@ from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
+from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
@@ -287,6 +289,8 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.summary_interval)
             now = counters.snapshot()
+            if unverified := sum(own_headers.UNVERIFIED.values()):  # forged marks, ignored
+                now["marks_unverified"] = unverified
             delta = {k: v - previous.get(k, 0) for k, v in now.items() if v != previous.get(k, 0)}
             if delta:
                 logger.info(
@@ -307,6 +311,7 @@ class Worker:
                     f"schema {self.settings.db_schema!r} lacks ledger migrations "
                     f"{', '.join(map(str, missing))}: run `consumer-kit migrate` first"
                 )
+            await install_mark_keys(conn, self.settings)
             for startup in self.app.startup:
                 await startup(conn)
 

@@ -35,6 +35,7 @@ from consumer_kit.broker import Publisher
 from consumer_kit.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.health import Health
+from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.outbox import notify_channel
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.redaction import redact_url
@@ -165,6 +166,7 @@ class Relay:
                 f"cannot connect to PostgreSQL at {redact_url(self._database_url)}: {connect_error(exc)}"
             ) from None
         await self.store.check_schema(self._conn)
+        await install_mark_keys(self._conn, self.settings)  # SQS copies carry a signed message-id mark
         self.routing.check(await self.store.pending_destinations(self._conn))
         if self._publisher is None:
             from consumer_kit.brokers import open_publisher

@@ -91,7 +91,7 @@ def test_headers_that_cannot_even_be_listed_make_a_fault() -> None:
 
 def test_names_are_read_as_the_envelope_reads_them_case_insensitive() -> None:
     assert own.read({"Tenant-ID": 7}).fault is not None
-    assert own.read({"X-Consumer-Kit-Deliveries": "4"}).deliveries_before == 4
+    assert own.read(own.seal({"X-Consumer-Kit-Deliveries": "4"}, b""), b"").deliveries_before == 4
 
 
 def test_an_invalid_delivery_cannot_be_read_through_its_envelope() -> None:

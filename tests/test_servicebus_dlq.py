@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from adapters.servicebus import ServiceBusDeadLetters, dead_letters
 from consumer_kit import Context, Outcome, RetryableError
+from consumer_kit import headers as own
 from consumer_kit.broker import DeadLetter
 from consumer_kit.cli.main import cli
 from consumer_kit.errors import ConfigurationError
@@ -205,8 +206,9 @@ async def test_a_redriven_copy_keeps_its_session_and_operation_and_drops_the_dea
     # A retry copy as the adapter sends it: a new id, the original's and the deliveries before it.
     await sb.send(ServiceBusMessage(
         b'{"id": "m-2"}', message_id=str(uuid.uuid4()), session_id="order-7",
-        application_properties={"operation-id": "op-m-2", "x-consumer-kit-message-id": "m-2",
-                                "x-consumer-kit-deliveries": 2, "x-consumer-kit-redelivered": 1},
+        application_properties=own.seal({"operation-id": "op-m-2", "x-consumer-kit-message-id": "m-2",
+                                         "x-consumer-kit-deliveries": 2, "x-consumer-kit-redelivered": 1},
+                                        b'{"id": "m-2"}'),  # signed, as the adapter signs a copy
     ))
     await dead_letter(sb, sb.queue, 2, session_id="order-7")
 

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from adapters.sqs import SQSClient, SQSConfig, SQSDeadLetters, headers_of
 from adapters.sqs.dead_letters import BROKER_REASON, REDRIVEN_ATTRIBUTE
 from consumer_kit import Context, Outcome, RetryableError
+from consumer_kit import headers as own
 from consumer_kit.cli.main import cli
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
@@ -155,7 +156,9 @@ def dead_letter_copy(origin: str, message_id: str, **extra: Any) -> dict[str, An
         "x-original-queue": origin, "x-consumer-kit-deliveries": "3", "x-consumer-kit-message-id": message_id,
         "operation-id": f"op-{message_id}", "message-type": "CreateInvoice",
     }
-    return {"MessageBody": json.dumps({"id": message_id}), **extra,
+    body = json.dumps({"id": message_id})
+    own.seal(attributes, body.encode())  # the copy's marks, signed as the adapter signs them
+    return {"MessageBody": body, **extra,
             "MessageAttributes": {k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()}}
 
 

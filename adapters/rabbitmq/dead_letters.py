@@ -37,6 +37,7 @@ from adapters.rabbitmq.envelope import (
     TRIMMED_HEADER,
 )
 from adapters.rabbitmq.errors import describe
+from consumer_kit import headers as own
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
 from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
 from consumer_kit.envelope import OPERATION_ID_HEADER
@@ -140,8 +141,10 @@ class _Redrive(Redrive[AbstractIncomingMessage]):
         self._timeout = timeout
 
     async def send_copy(self, message: AbstractIncomingMessage, letter: DeadLetter) -> None:
-        headers = {k: v for k, v in (message.headers or {}).items() if k not in _DROPPED}
+        # from the letter's verified headers: a mark a producer forged is never signed anew here
+        headers = {k: v for k, v in letter.headers.items() if k not in _DROPPED}
         headers[REDRIVEN_HEADER] = letter.reason[:REASON_ON_COPY_CHARS]
+        own.seal(headers, message.body)
         copy = aio_pika.Message(
             body=message.body, headers=headers, content_type=message.content_type,
             content_encoding=message.content_encoding, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -161,7 +164,9 @@ class _Redrive(Redrive[AbstractIncomingMessage]):
 
 def dead_letter_of(message: AbstractIncomingMessage, queue: str) -> DeadLetter:
     """What ``consumer-kit dlq list`` shows of one message of ``<queue>.dlq``."""
-    headers = dict(message.headers or {})
+    # Only consumer-kit's signed marks are believed (reason, detail, original queue, count); a
+    # producer's own are dropped by the codec, so a broker's dead-lettering shows as broker:<reason>.
+    headers = dict(own.read(message.headers or {}, message.body).headers)
     death = _first_death(headers)
     reason = header_text(headers.get(DEAD_LETTER_REASON_HEADER))
     if not reason:

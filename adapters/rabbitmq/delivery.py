@@ -93,7 +93,7 @@ class RabbitMQDelivery(Delivery):
         settle_timeout: float,
         max_message_size: int,
     ) -> None:
-        reading = own_headers.read(message.headers or {})
+        reading = own_headers.read(message.headers or {}, message.body)
         broker_redelivered = bool(message.redelivered)
         self._own_user = own_user_of(message.channel)
         super().__init__(
@@ -118,14 +118,14 @@ class RabbitMQDelivery(Delivery):
         await self._message.ack()
 
     async def _retry(self, delay: float) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count
         target = self._names.retry_queue_for(delay)
         if not await self._copy_then_ack(target, headers, "retry"):
             await self._requeue_instead("retry")
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count
         headers[DEAD_LETTER_REASON_HEADER] = reason
         headers[DEAD_LETTER_DETAIL_HEADER] = detail[:DETAIL_MAX_CHARS]
@@ -145,7 +145,7 @@ class RabbitMQDelivery(Delivery):
             await self._requeue_instead("dead_letter")
 
     async def _release(self) -> None:
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count - 1  # this delivery does not count
         if self.redelivered:
             headers[REDELIVERED_HEADER] = 1
@@ -230,7 +230,7 @@ class RabbitMQDelivery(Delivery):
             headers = {**headers, SENDER_HEADER: self.sender or ""}
         return aio_pika.Message(
             body=b"",
-            headers=headers,
+            headers=own_headers.seal(dict(headers), self.body),
             content_type=original.content_type,
             content_encoding=original.content_encoding,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,

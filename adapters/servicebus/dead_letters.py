@@ -70,6 +70,7 @@ from adapters.servicebus.envelope import (
 from adapters.servicebus.errors import LOCK_LOST, dead_letter_error, describe, is_refusal
 from adapters.servicebus.limits import TooLarge, check_fits_alone
 from adapters.servicebus.topology import Entity, sender_for
+from consumer_kit import headers as own
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
@@ -353,13 +354,15 @@ def dead_letter_of(message: ServiceBusReceivedMessage, queue: str) -> DeadLetter
         message: a message peeked or received from the dead-letter sub-queue.
         queue: the queue or subscription as asked for.
     """
-    headers = headers_of(message)
+    # Only consumer-kit's signed marks are believed (deliveries, original message id).
+    reading = own.read(headers_of(message), body_of(message))
+    headers = dict(reading.headers)
     reason = message.dead_letter_reason or ""
     by_service_bus = reason in SERVICE_BUS_REASONS
     operation_key = headers.get(OPERATION_ID_HEADER)
     return DeadLetter(
         queue=queue,
-        message_id=message_id_of(message, headers),
+        message_id=message_id_of(message, reading),
         reason=f"broker:{reason}" if by_service_bus else reason or "unknown",
         detail=message.dead_letter_error_description or "",
         delivery_count=_count(headers.get(DELIVERIES_PROPERTY)) + (message.delivery_count or 0)

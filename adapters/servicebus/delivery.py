@@ -97,7 +97,7 @@ class ServiceBusDelivery(Delivery):
     """
 
     def __init__(self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float) -> None:
-        reading = own_headers.read(headers_of(message))
+        reading = own_headers.read(headers_of(message), body_of(message))
         entity = route.entity.path
         broker_count = message.delivery_count or 0
         super().__init__(
@@ -295,7 +295,7 @@ class ServiceBusDelivery(Delivery):
         if self.lock_lost:
             raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
         copy = copy_of(
-            self._message, self.headers, self.body,
+            self._message, self.headers_for_copies, self.body,
             deliveries_before=deliveries_before, message_id=self.message_id, suspect=suspect,
         )
         try:

@@ -136,6 +136,7 @@ def copy_of(
         properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
     if suspect:
         properties[REDELIVERED_PROPERTY] = 1
+    own.seal(properties, body)  # consumer-kit's marks on every copy, signed
     return _resent(message, body, properties, message_id=str(uuid.uuid4()))
 
 
@@ -162,6 +163,7 @@ def redrive_copy_of(
         properties[ORIGINAL_MESSAGE_ID_PROPERTY] = message_id
     if reason is not None:
         properties[REDRIVEN_PROPERTY] = reason
+    own.seal(properties, body)
     return _resent(message, body, properties, message_id=copy_id, session_id=message.session_id)
 
 

@@ -68,6 +68,7 @@ from adapters.sqs.envelope import (
 from adapters.sqs.errors import describe, is_unreachable
 from adapters.sqs.limits import fit
 from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
+from consumer_kit import headers as own
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
 from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
 from consumer_kit.envelope import OPERATION_ID_HEADER
@@ -270,7 +271,8 @@ def dead_letter_of(raw: Mapping[str, Any], queue: str, work: QueueInfo) -> DeadL
     keep it) as the enqueue time.
     """
     system = raw.get("Attributes", {})
-    headers = headers_of(raw.get("MessageAttributes"))
+    # Only consumer-kit's signed marks are believed (origin, reason, detail, count, message id).
+    headers = dict(own.read(headers_of(raw.get("MessageAttributes")), str(raw.get("Body", "")).encode("utf-8")).headers)
     origin = header_text(headers.get(ORIGINAL_QUEUE_ATTRIBUTE))
     source_arn = header_text(system.get("DeadLetterQueueSourceArn"))
     if (origin and _queue_name(origin) != work.name) or (source_arn and work.arn and source_arn != work.arn):

@@ -107,7 +107,7 @@ class SQSDelivery(Delivery):
         on_settled: Callable[[SQSDelivery], None],
     ) -> None:
         system = raw.get("Attributes", {})
-        reading = own_headers.read(headers_of(raw.get("MessageAttributes")))
+        reading = own_headers.read(headers_of(raw.get("MessageAttributes")), str(raw.get("Body", "")).encode("utf-8"))
         self.sqs_message_id = str(raw["MessageId"])
         self.receive_count = int(system.get("ApproximateReceiveCount", 1))  # SQS's own, not the producer's
         delivery_count, redelivered = GIVE_BACKS.judge(
@@ -185,7 +185,7 @@ class SQSDelivery(Delivery):
         self._ensure_lock()
         seconds = math.ceil(delay)
         if not self._info.fifo and seconds <= MAX_DELAY_SECONDS:
-            headers = copy_headers(self.headers)
+            headers = copy_headers(self.headers_for_copies)
             headers[DELIVERIES_ATTRIBUTE] = self.delivery_count
             if await self._copy_then_delete(self._info, headers, seconds, "retry"):
                 return
@@ -194,7 +194,7 @@ class SQSDelivery(Delivery):
     async def _release(self) -> None:
         self._ensure_lock()
         if not self._info.fifo:
-            headers = copy_headers(self.headers)
+            headers = copy_headers(self.headers_for_copies)
             headers[DELIVERIES_ATTRIBUTE] = self.delivery_count - 1  # this delivery does not count
             if self.redelivered:
                 headers[REDELIVERED_ATTRIBUTE] = 1
@@ -204,14 +204,16 @@ class SQSDelivery(Delivery):
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
         self._ensure_lock()
-        headers = copy_headers(self.headers)
+        headers = copy_headers(self.headers_for_copies)
         headers[DEAD_LETTER_REASON_ATTRIBUTE] = reason[:256]
         headers[DEAD_LETTER_DETAIL_ATTRIBUTE] = detail[:DETAIL_MAX_CHARS]
         headers[ORIGINAL_QUEUE_ATTRIBUTE] = self.queue
         headers[DELIVERIES_ATTRIBUTE] = self.delivery_count
         headers[MESSAGE_ID_ATTRIBUTE] = self.message_id
+        # the first enqueue time before the message id (the operation's identity): without it a
+        # redrive of this copy counts the operation's age from the copy's SentTimestamp (logged)
         droppable = (DEAD_LETTER_DETAIL_ATTRIBUTE, ORIGINAL_QUEUE_ATTRIBUTE, DELIVERIES_ATTRIBUTE,
-                     MESSAGE_ID_ATTRIBUTE)
+                     own_headers.FIRST_ENQUEUED, MESSAGE_ID_ATTRIBUTE)
         if await self._copy_then_delete(self._dead_letters, headers, 0, "dead_letter", droppable):
             return
         logger.error(

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from adapters.sqs.envelope import PRIORITY, Attributes, as_text, attributes_for
+from consumer_kit import headers as own
 
 BATCH_MAX_BYTES = 1_048_576
 """The most bytes of messages one ``SendMessageBatch`` carries (SQS: 1 MiB)."""
@@ -46,8 +47,10 @@ def fit(
     order = sorted((n for n in current if n not in PRIORITY), key=lambda n: -len(as_text(current[n])))
     order += [n for n in droppable if n in current and n not in order]
     dropped: list[str] = []
+    encoded = body.encode("utf-8")
     while True:
-        attributes = attributes_for(current)
+        # signed as sent: after any drop, so the signature covers exactly the marks the copy keeps
+        attributes = attributes_for(own.seal(dict(current), encoded))
         size = size_of(body, attributes)
         if size <= limit:
             return attributes, dropped

@@ -40,6 +40,7 @@ from adapters.sqs.errors import (
 )
 from adapters.sqs.limits import BATCH_MAX_BYTES, size_of
 from adapters.sqs.topology import QueueDirectory, QueueInfo
+from consumer_kit import headers as own
 from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
@@ -132,13 +133,14 @@ class SQSPublisher(Publisher):
                 f"message_id={message.message_id} cannot be sent to SQS: the body is not UTF-8 text",
                 permanent=True,
             ) from exc
-        headers: dict[str, Any] = {**message.headers, MESSAGE_TYPE_HEADER: message.message_type,
+        headers: dict[str, Any] = {**own.without_marks(message.headers), MESSAGE_TYPE_HEADER: message.message_type,
                                    MESSAGE_ID_ATTRIBUTE: message.message_id}
         if message.routing_key and message.destination:
             headers[ROUTING_KEY_ATTRIBUTE] = message.routing_key
         if message.content_type != "application/json":
             headers["content-type"] = message.content_type
-        attributes = attributes_for(headers)
+        # the message-id mark, signed: consumers believe it only so (consumer_kit.headers)
+        attributes = attributes_for(own.seal(headers, message.body))
         size = size_of(body, attributes)
         if size > queue.max_message_size:
             raise PublishError(

@@ -10,6 +10,11 @@ come from the ledger's attempt history (else from the broker's times). Bodies ar
 ``--show-body`` (they may hold personal data). ``--app`` computes operation keys that handlers
 derive from the body (otherwise: header ``operation-id``).
 
+Reasons, details, original queues and counts shown are consumer-kit's signed marks only (with the
+deployment's key: from the ledger schema, or ``CONSUMER_KIT_MARK_KEY``); a producer's own are not
+shown, and a letter the broker dead-lettered shows ``broker:<reason>``. A redrive sends each letter
+to QUEUE (or the queue a signed mark names), never to a queue a producer's header names.
+
 A redriven message keeps its body, message id and operation headers, so it keeps its operation key:
 one whose operation completed meanwhile is answered as a duplicate, never executed twice.
 """
@@ -29,6 +34,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from consumer_kit import marks
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.cli.console import (
@@ -45,6 +51,7 @@ from consumer_kit.cli.console import (
 from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage
+from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.settings import Settings
 from consumer_kit.stats import failure_times
 
@@ -173,6 +180,12 @@ def _with_dead_letters(settings: Settings, work: Callable[[DeadLetterQueues], Aw
     from consumer_kit.brokers import open_dead_letters
 
     async def run() -> T:
+        if settings.database_url is not None and not settings.embedded:
+            # the deployment's mark key: which reasons, queues and counts consumer-kit wrote
+            async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+                await install_mark_keys(conn, settings)
+        elif settings.mark_key is not None:
+            marks.install(settings.mark_key.get_secret_value().encode(), source="settings")
         dead = open_dead_letters(settings)
         try:
             return await work(dead)

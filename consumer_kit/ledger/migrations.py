@@ -139,6 +139,23 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
         $ff$;
         """,
     ),
+    (
+        6,
+        # The key that signs consumer-kit's marks on the copies it sends (consumer_kit.marks): made
+        # here at random (gen_random_uuid draws from the server's strong random source: 2 x 122
+        # bits), so every worker, relay and CLI sharing this database shares it and producers,
+        # who have no access to it, cannot forge a mark. One row; a deployment may set its own.
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.mark_keys (
+            id          smallint    PRIMARY KEY CHECK (id = 1),
+            secret      bytea       NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+        INSERT INTO {schema}.mark_keys (id, secret)
+        VALUES (1, decode(replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''), 'hex'))
+        ON CONFLICT (id) DO NOTHING;
+        """,
+    ),
 ]
 
 

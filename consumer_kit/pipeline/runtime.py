@@ -137,7 +137,7 @@ class Runtime:
         envelope = Envelope(
             delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
             correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
-            enqueued_at=delivery.enqueued_at,
+            enqueued_at=delivery.first_enqueued_at,  # the operation's earliest trustworthy time
         )
         with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
