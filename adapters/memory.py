@@ -25,16 +25,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from consumer_kit import headers as own_headers
-from consumer_kit.broker import (
-    Consumer,
-    Delivery,
-    DeliveryCallback,
-    OutgoingMessage,
-    Publisher,
-    build_delivery,
-    hand_over,
-)
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_delivery, hand_over
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised, all_running
 

@@ -15,8 +15,9 @@ from types import ModuleType
 from typing import Protocol, cast
 from urllib.parse import urlparse
 
-from consumer_kit.broker import Consumer, DeadLetterQueues, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import Publisher
 from consumer_kit.settings import Settings
 
 GROUP = "consumer_kit.brokers"

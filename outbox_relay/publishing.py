@@ -13,10 +13,10 @@ import logging
 
 from opentelemetry import propagate
 
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 from consumer_kit.telemetry.metrics import record_published
 from consumer_kit.telemetry.tracing import mark_failed, producer_span
 from outbox_relay.counters import RelayCounters

@@ -31,13 +31,13 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg import AsyncConnection
 
-from consumer_kit.broker import Publisher
 from consumer_kit.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.health import Health
 from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.outbox import notify_channel
 from consumer_kit.pipeline.faults import FaultKind, classify
+from consumer_kit.publishing import Publisher
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system

@@ -26,9 +26,10 @@ from typer.testing import CliRunner
 
 from consumer_kit import App
 from consumer_kit.app import load_app
-from consumer_kit.broker import Consumer, Publisher
+from consumer_kit.broker import Consumer
 from consumer_kit.cli.console import OWN_LOGGERS, setup_logging
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import Publisher
 from tests.broker_env import Env
 from tests.harness import fetch_all
 from tests.test_relay_support import Event, connect, wait_until, write_events

@@ -38,7 +38,8 @@ from adapters.rabbitmq.errors import publish_error
 from adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
 from adapters.rabbitmq.publisher import properties_of
 from consumer_kit import headers as own
-from consumer_kit.broker import Delivery, OutgoingMessage, PublishError, Settlement
+from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.publishing import OutgoingMessage, PublishError
 from tests.conftest import close_vhost_connections, vhost_of
 from tests.tcp_proxy import TcpProxy
 

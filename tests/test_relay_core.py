@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from adapters.memory import MemoryBroker, MemoryPublisher
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 from outbox_relay import Relay, RouteTarget, relay_pending
 from outbox_relay.store import OutboxStore
 from tests.harness import throwaway_schema

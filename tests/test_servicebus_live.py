@@ -28,7 +28,7 @@ from adapters.servicebus import (
     ServiceBusPublisher,
     ServiceBusSettings,
 )
-from consumer_kit.broker import OutgoingMessage
+from consumer_kit.publishing import OutgoingMessage
 
 CONNECTION_STRING = os.environ.get("CONSUMER_KIT_SERVICEBUS_CONNECTION_STRING")
 QUEUE = os.environ.get("CONSUMER_KIT_SERVICEBUS_LIVE_QUEUE", "invoices.commands")

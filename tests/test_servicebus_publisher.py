@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from consumer_kit.broker import OutgoingMessage, PublishError
+from consumer_kit.publishing import OutgoingMessage, PublishError
 from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
     SBEnv,
     sb_fixture,

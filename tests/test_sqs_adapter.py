@@ -37,8 +37,9 @@ from adapters.sqs.limits import size_of
 from adapters.sqs.redelivery import GiveBacks
 from adapters.sqs.topology import QueueInfo
 from consumer_kit import OutboxWriter, Settings
-from consumer_kit.broker import Delivery, OutgoingMessage
+from consumer_kit.broker import Delivery
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import OutgoingMessage
 from outbox_relay.relay import relay_pending
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.harness import throwaway_schema

@@ -1,6 +1,6 @@
 """What a RabbitMQ failure means: the broker's reply, one-line descriptions, PublishError kinds.
 
-Classification of a failed publish (``consumer_kit.broker.PublishError``):
+Classification of a failed publish (``consumer_kit.publishing.PublishError``):
 
 =============================================================  ==========  =========================
 cause                                                          kind        why
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import aiormq.exceptions
 
 from adapters.rabbitmq.config import vhost_of
-from consumer_kit.broker import PublishError
+from consumer_kit.publishing import PublishError
 
 
 class VhostUnavailable(ConnectionError):

@@ -32,15 +32,15 @@ from adapters.rabbitmq.connection import close_quietly, connect_retrying, is_ope
 from adapters.rabbitmq.errors import describe, is_refusal, publish_error, reply_of
 from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
 from adapters.rabbitmq.topology import declare_topic_exchange
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 
 logger = logging.getLogger(__name__)
 
 
 class RabbitMQPublisher(Publisher):
-    """Publish :class:`~consumer_kit.broker.OutgoingMessage` with publisher confirms.
+    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` with publisher confirms.
 
     ``message.destination`` names a durable topic exchange (declared on first use, then cached
     per connection) and ``message.routing_key`` its routing key; destination ``""`` is the

@@ -32,7 +32,7 @@ from adapters.servicebus.connection import close_quietly
 from adapters.servicebus.errors import describe, is_refusal, publish_error
 from adapters.servicebus.limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
 from adapters.servicebus.topology import sender_for
-from consumer_kit.broker import PublishError
+from consumer_kit.publishing import PublishError
 
 logger = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
 from consumer_kit import headers as own
-from consumer_kit.broker import OutgoingMessage
 from consumer_kit.envelope import CORRELATION_ID_HEADER, MESSAGE_TYPE_HEADER
 from consumer_kit.headers import OwnHeaders
+from consumer_kit.publishing import OutgoingMessage
 
 logger = logging.getLogger(__name__)
 

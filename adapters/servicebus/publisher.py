@@ -16,13 +16,13 @@ from adapters.servicebus.config import Namespace
 from adapters.servicebus.connection import Connection
 from adapters.servicebus.envelope import outgoing_message
 from adapters.servicebus.topology import not_created_here
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 
 logger = logging.getLogger(__name__)
 
 
 class ServiceBusPublisher(Publisher):
-    """Publish :class:`~consumer_kit.broker.OutgoingMessage` to Service Bus, batching concurrent
+    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` to Service Bus, batching concurrent
     publishes per entity. The client is opened on first publish.
 
     Args:

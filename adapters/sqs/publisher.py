@@ -4,7 +4,7 @@ The relay publishes a claimed batch concurrently; publishes to the same queue th
 ``linger`` seconds of each other (default 5 ms) go out in one ``SendMessageBatch`` of up to 10
 entries and at most ``BATCH_MAX_BYTES`` (:mod:`adapters.sqs.batching`). Each publish still gets its
 own answer: SQS reports every entry on its own, and a failed entry becomes a
-:class:`~consumer_kit.broker.PublishError` of its kind (:mod:`adapters.sqs.errors`) for that event
+:class:`~consumer_kit.publishing.PublishError` of its kind (:mod:`adapters.sqs.errors`) for that event
 only. An endpoint that refuses the batch as too long gets each entry again on its own.
 
 **What is sent.** ``destination`` names the queue (``""``: ``routing_key`` does, as on RabbitMQ's
@@ -41,9 +41,9 @@ from adapters.sqs.errors import (
 from adapters.sqs.limits import BATCH_MAX_BYTES, size_of
 from adapters.sqs.topology import QueueDirectory, QueueInfo
 from consumer_kit import headers as own
-from consumer_kit.broker import OutgoingMessage, Publisher, PublishError
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ ROUTING_KEY_ATTRIBUTE = "routing-key"
 
 
 class SQSPublisher(Publisher):
-    """Publish :class:`~consumer_kit.broker.OutgoingMessage` to SQS queues (module docstring).
+    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` to SQS queues (module docstring).
 
     Args:
         config: the parsed ``sqs://`` URL.

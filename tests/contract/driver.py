@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from consumer_kit.broker import Consumer, DeadLetterQueues, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues
+from consumer_kit.publishing import Publisher
 from consumer_kit.settings import Settings
 
 

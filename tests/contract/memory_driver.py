@@ -6,7 +6,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from adapters.memory import MemoryBroker, MemoryConsumer, MemoryDelivery, get_broker
-from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, Publisher
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback
+from consumer_kit.publishing import Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, wait_until
 

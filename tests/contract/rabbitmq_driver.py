@@ -16,7 +16,8 @@ from adapters.rabbitmq import (
     RabbitMQPublisher,
     consumer_from_settings,
 )
-from consumer_kit.broker import Consumer, OutgoingMessage, Publisher
+from consumer_kit.broker import Consumer
+from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
 

@@ -25,7 +25,8 @@ from adapters.servicebus import (
     ServiceBusDeadLetters,
     ServiceBusPublisher,
 )
-from consumer_kit.broker import Consumer, DeadLetterQueues, OutgoingMessage, Publisher
+from consumer_kit.broker import Consumer, DeadLetterQueues
+from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
 from tests.servicebus_server import Queue, ServiceBusTestServer

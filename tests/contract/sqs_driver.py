@@ -22,7 +22,8 @@ from adapters.sqs import (
 )
 from adapters.sqs.limits import size_of
 from adapters.sqs.subscription import SYSTEM_ATTRIBUTES
-from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, OutgoingMessage, Publisher
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback
+from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
 from tests.contract.moto_server import sqs_url

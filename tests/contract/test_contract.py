@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from consumer_kit import Outcome, RetryableError
-from consumer_kit.broker import DeadLetterQueues, OutgoingMessage, PublishError, Settlement
+from consumer_kit.broker import DeadLetterQueues, Settlement
 from consumer_kit.handler import Context
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.publishing import OutgoingMessage, PublishError
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
 from tests.contract.conftest import Contract

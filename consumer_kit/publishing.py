@@ -1,0 +1,90 @@
+"""The publishing side of the broker contract: what the relay hands an adapter's publisher.
+
+Adapters implement :class:`Publisher`; the relay (``outbox_relay``) calls it with one
+:class:`OutgoingMessage` per outbox row and reads a :class:`PublishError`'s kind to decide between
+retrying soon, backing off and parking the row.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from consumer_kit.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message for the relay to publish.
+
+    Attributes:
+        destination: the outbox destination name (RabbitMQ: a topic exchange of that name).
+        routing_key: the routing key within the destination ("" where unused).
+        message_id: the stable event ID (a UUID string): the broker message id on every attempt.
+        body: serialised payload (bytes, JSON).
+        message_type: the event type name, also sent as header ``message-type``.
+        headers: application headers (str values).
+        partition_key: ordering key, where the broker has one (SQS FIFO group, Service Bus session).
+    """
+
+    destination: str
+    routing_key: str
+    message_id: str
+    body: bytes
+    message_type: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    partition_key: str | None = None
+    content_type: str = "application/json"
+
+
+class PublishError(Exception):
+    """The broker did not confirm a publish (nack, return, timeout, lost connection, refusal).
+
+    Three kinds, which the relay treats differently:
+
+    * transient (``transient=True``, the default): the broker or the connection is at fault and
+      the same message will go through once it is back (connection lost, timeout, nack). Retried
+      soon; never parks a row.
+    * row (``transient=False``): this message could not be delivered as addressed but might be
+      later (no such queue yet). Backed off; parked after the relay's max attempts.
+    * permanent (``permanent=True``): this message can never be published as it is (too large for
+      the broker's frame or message limit, a destination of another type, access refused). Parked
+      at once, with the broker's reply text in ``str(error)``.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.transient = transient and not permanent
+
+
+class Publisher(abc.ABC):
+    """The publishing side of a broker, used by the relay."""
+
+    async def declare(self, destination: str) -> None:
+        """Create the event destination ``destination`` as :meth:`publish` would on first use
+        (RabbitMQ: a durable topic exchange), so consumers can bind to it before the first
+        event (``consumer-kit declare``). Idempotent.
+
+        Raises:
+            ConfigurationError: this broker cannot create destinations from here (the default),
+                or refused this one (e.g. it exists as another kind); the text says which.
+            ConnectionError: the broker cannot be reached.
+        """
+        raise ConfigurationError(
+            f"declaring event destinations is not supported by this broker ({type(self).__name__}): "
+            f"create {destination!r} yourself"
+        )
+
+    @abc.abstractmethod
+    async def publish(self, message: OutgoingMessage) -> None:
+        """Publish and wait for the broker's confirm.
+
+        Raises:
+            PublishError: the broker did not confirm; the caller may publish again with the same
+                ``message_id``.
+        """
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
