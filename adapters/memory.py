@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 from consumer_kit import headers as own_headers
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_delivery, hand_over
 from consumer_kit.errors import DeadLetterReason
-from consumer_kit.publishing import OutgoingMessage, Publisher
+from consumer_kit.publishing import OutgoingMessage, Publisher, headers_to_send
 from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised, all_running
 
@@ -168,8 +168,7 @@ class MemoryBroker:
                 if pattern in ("#", message.routing_key)
             ]
         for queue in targets:
-            headers = {**message.headers, "message-type": message.message_type}
-            self.send(queue, message.body, message_id=message.message_id, headers=headers)
+            self.send(queue, message.body, message_id=message.message_id, headers=headers_to_send(message))
 
 
 class MemoryDelivery(Delivery):

@@ -8,9 +8,12 @@ retrying soon, backing off and parking the row.
 from __future__ import annotations
 
 import abc
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from consumer_kit import headers as own
 from consumer_kit.errors import ConfigurationError
 
 
@@ -26,6 +29,9 @@ class OutgoingMessage:
         message_type: the event type name, also sent as header ``message-type``.
         headers: application headers (str values).
         partition_key: ordering key, where the broker has one (SQS FIFO group, Service Bus session).
+        first_enqueued_at: for a relay publish, the outbox row's commit time (aware): the operation
+            the event starts is that old on arrival (key expiry), carried as the signed mark
+            ``x-consumer-kit-first-enqueued`` (:func:`first_enqueued_mark`); ``None``: no mark.
     """
 
     destination: str
@@ -36,6 +42,7 @@ class OutgoingMessage:
     headers: Mapping[str, str] = field(default_factory=dict)
     partition_key: str | None = None
     content_type: str = "application/json"
+    first_enqueued_at: dt.datetime | None = None
 
 
 class PublishError(Exception):
@@ -88,3 +95,23 @@ class Publisher(abc.ABC):
 
     @abc.abstractmethod
     async def close(self) -> None: ...
+
+
+def first_enqueued_mark(message: OutgoingMessage) -> dict[str, str]:
+    """``{x-consumer-kit-first-enqueued: ISO time}`` for a message with ``first_enqueued_at``, else
+    ``{}``; the publisher signs it with :func:`consumer_kit.headers.seal`."""
+    if message.first_enqueued_at is None:
+        return {}
+    return {own.FIRST_ENQUEUED: message.first_enqueued_at.astimezone(dt.UTC).isoformat()}
+
+
+def headers_to_send(message: OutgoingMessage) -> dict[str, Any]:
+    """The application headers a publisher sends ``message`` with, ``message-type`` included: its
+    headers as given; for a message with ``first_enqueued_at`` (a relay publish) without any mark
+    they carried (consumer-kit signs only the marks it wrote), plus the first-enqueued mark,
+    signed under the installed mark key."""
+    headers: dict[str, Any] = {**message.headers, own.MESSAGE_TYPE: message.message_type}
+    mark = first_enqueued_mark(message)
+    if not mark:
+        return headers
+    return own.seal({**own.without_marks(headers), **mark}, message.body)

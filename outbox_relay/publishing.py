@@ -130,7 +130,8 @@ class RowPublisher:
     ) -> OutgoingMessage:
         """The broker message for ``row``: message id = event ID; headers = the row's headers plus
         event-id, message-type, operation-scope/-key, correlation-id, partition-key,
-        publish-attempt, relay-id and the trace context (W3C traceparent where a tracer is set)."""
+        publish-attempt, relay-id and the trace context (W3C traceparent where a tracer is set);
+        ``first_enqueued_at`` = the row's ``created_at`` (the publisher signs it as a mark)."""
         headers = dict(stored)
         headers["event-id"] = str(row.event_id)
         headers["message-type"] = row.message_type
@@ -153,4 +154,6 @@ class RowPublisher:
             message_type=row.message_type,
             headers=headers,
             partition_key=row.partition_key,
+            # the event starts operations: they are as old as its commit, not its publish (key expiry)
+            first_enqueued_at=row.created_at,
         )

@@ -34,6 +34,7 @@ from adapters.rabbitmq import (
     delivery_count_of,
     publisher_from_settings,
 )
+from adapters.rabbitmq.envelope import user_of_url
 from adapters.rabbitmq.errors import publish_error
 from adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
 from adapters.rabbitmq.publisher import properties_of
@@ -122,12 +123,14 @@ async def frame_max(url: str) -> int:
         await connection.close()
 
 
-def headers_of_frame_size(message: OutgoingMessage, name: str, size: int) -> dict[str, str]:
+def headers_of_frame_size(
+    message: OutgoingMessage, name: str, size: int, *, user_id: str | None = None
+) -> dict[str, str]:
     """Headers for ``message``: its own plus ``name`` padded so that the content-header frame is
-    exactly ``size`` bytes."""
+    exactly ``size`` bytes (sent with ``user_id``, as the publisher sends its own user)."""
     def frame(length: int) -> int:
         padded = OutgoingMessage(**{**message.__dict__, "headers": {**message.headers, name: "x" * length}})
-        return header_frame_size(properties_of(padded), len(message.body))
+        return header_frame_size(properties_of(padded, user_id=user_id), len(message.body))
 
     length = max(0, size - frame(0))
     while frame(length) < size:
@@ -826,6 +829,7 @@ async def test_publisher_refuses_what_breaks_the_frame_or_size_limit_before_send
     and the size; the connection stays up (one connection through the proxy all along). A frame
     of exactly frame_max goes through."""
     limit = await frame_max(rabbitmq_url)
+    sender = user_of_url(rabbitmq_url)  # the publisher sends its own user as user_id
     async with raw_channel(rabbitmq_url) as channel:
         await channel.declare_queue(unique_name, durable=True)
     async with proxy_to(rabbitmq_url) as proxy:
@@ -833,11 +837,11 @@ async def test_publisher_refuses_what_breaks_the_frame_or_size_limit_before_send
         try:
             await publisher.publish(command(unique_name, "first"))
             exact = command(unique_name, "exact")
-            exact = OutgoingMessage(**{**exact.__dict__, "headers": headers_of_frame_size(exact, "pad", limit)})
+            exact = OutgoingMessage(**{**exact.__dict__, "headers": headers_of_frame_size(exact, "pad", limit, user_id=sender)})
             await publisher.publish(exact)
 
             over = command(unique_name, "over")
-            over = OutgoingMessage(**{**over.__dict__, "headers": headers_of_frame_size(over, "pad", limit + 1)})
+            over = OutgoingMessage(**{**over.__dict__, "headers": headers_of_frame_size(over, "pad", limit + 1, user_id=sender)})
             with pytest.raises(PublishError) as too_large:
                 await publisher.publish(over)
             assert too_large.value.permanent

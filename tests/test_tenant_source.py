@@ -7,6 +7,7 @@ meet the forger's fingerprint: ``payload_conflict``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -17,11 +18,12 @@ import pytest
 from pydantic import BaseModel
 
 from adapters.memory import MemoryBroker, MemoryConsumer
-from adapters.rabbitmq import RabbitMQDelivery
-from adapters.rabbitmq.envelope import SENDER_HEADER, sender_of
+from adapters.rabbitmq import RabbitMQDelivery, RabbitMQPublisher
+from adapters.rabbitmq.envelope import SENDER_HEADER, sender_of, user_of_url
 from adapters.sqs import SQSDelivery
 from consumer_kit import App, ConfigurationError, Context, Handler, Outcome, Result, RetryableError
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
+from tests.contract.test_relayed_age import relayed
 from tests.harness import fetch_all, runtime_for, throwaway_schema
 from tests.test_rabbitmq_adapter import Inbox, cleanup, consuming, raw_channel, send, wait_for  # noqa: F401 - fixture
 from tests.test_sqs_adapter import consuming as sqs_consuming
@@ -198,17 +200,40 @@ async def test_rabbitmq_sender_is_the_validated_user_id_and_a_foreign_one_is_ref
 
 
 @pytest.mark.rabbitmq
-async def test_rabbitmq_relay_publishes_carry_no_user_id_so_no_sender(
-    rabbitmq_url: str, unique_name: str, cleanup: list[str],  # noqa: F811 - the fixture above
+@pytest.mark.postgres
+async def test_rabbitmq_relay_publishes_carry_the_relays_user_so_an_allow_list_can_admit_it(
+    rabbitmq_url: str, database_url: str, unique_name: str, cleanup: list[str],  # noqa: F811 - the fixture above
 ) -> None:
-    """The relay's publisher sets no ``user_id`` (yet): its events have no authenticated sender, so
-    a handler with ``tenant_senders`` refuses them (README "Trust")."""
-    inbox = Inbox()
-    async with consuming(rabbitmq_url, unique_name, inbox):
-        message_id = await send(rabbitmq_url, unique_name)  # RabbitMQPublisher: what the relay uses
-        delivery = await inbox.next()
-        assert (delivery.message_id, delivery.sender) == (message_id, None)
-        await delivery.ack()
+    """The relay's publisher sends its connection's own user as ``user_id`` (RabbitMQ validates
+    it): a relayed event is the relay user's, which the handler's ``tenant_senders`` allows
+    (``guest``: ``acme``); the same command published without a user is refused."""
+    AllowListedHandler.calls.clear()
+    app = App("tenancy")
+    app.subscribe(unique_name, AllowListedHandler())
+    publisher = RabbitMQPublisher(rabbitmq_url)
+    try:
+        async with throwaway_schema(database_url) as schema, runtime_for(app, database_url, schema) as rt:
+            reports: list[Any] = []
+            senders: list[str | None] = []
+
+            async def judge(delivery: Any) -> None:
+                senders.append(delivery.sender)
+                await _record(reports, rt, delivery)
+
+            async with consuming(rabbitmq_url, unique_name, Inbox(judge)):
+                await publisher.publish(relayed(unique_name, body(7), {"operation-id": "o-relayed", "tenant-id": "acme"},
+                                                created_at=dt.datetime.now(dt.UTC), message_type="Order"))
+                await wait_for(lambda: _count_at_least(reports, 1), "the relayed event")
+                async with raw_channel(rabbitmq_url) as channel:
+                    await channel.default_exchange.publish(aio_pika.Message(
+                        body(8), message_id="m-anonymous", headers={"operation-id": "o-anon", "tenant-id": "acme"},
+                    ), routing_key=unique_name)
+                await wait_for(lambda: _count_at_least(reports, 2), "the anonymous one")
+    finally:
+        await publisher.close()
+    assert senders == [user_of_url(rabbitmq_url), None]
+    assert [r.outcome for r in reports] == [Outcome.EXECUTED, Outcome.INVALID]
+    assert AllowListedHandler.calls == [("acme", 7)]
 
 
 @pytest.mark.rabbitmq

@@ -35,6 +35,7 @@ from adapters.rabbitmq.envelope import (
     ORIGINAL_QUEUE_HEADER,
     REDELIVERED_HEADER,
     TRIMMED_HEADER,
+    user_of_url,
 )
 from adapters.rabbitmq.errors import describe
 from consumer_kit import headers as own
@@ -100,7 +101,7 @@ class RabbitMQDeadLetters(DeadLetterQueues):
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         try:
             dlq = await self._dlq(channel, queue)
-            run = _Redrive(asked, channel, self._timeout, target=queue, source=dlq.name)
+            run = _Redrive(asked, channel, self._timeout, target=queue, source=dlq.name, user_id=user_of_url(self._url))
             for _ in range(int(dlq.declaration_result.message_count or 0)):
                 message = await dlq.get(no_ack=False, fail=False, timeout=self._timeout)
                 if message is None:
@@ -135,10 +136,12 @@ class _Redrive(Redrive[AbstractIncomingMessage]):
 
     def __init__(
         self, asked: RedriveAsked, channel: aio_pika.abc.AbstractChannel, timeout: float, *, target: str, source: str,
+        user_id: str | None,
     ) -> None:
         super().__init__(asked, target=target, source=source)
         self._channel = channel
         self._timeout = timeout
+        self._user_id = user_id  # this connection's own user: RabbitMQ validates it, handlers may allow it
 
     async def send_copy(self, message: AbstractIncomingMessage, letter: DeadLetter) -> None:
         # from the letter's verified headers: a mark a producer forged is never signed anew here
@@ -150,7 +153,7 @@ class _Redrive(Redrive[AbstractIncomingMessage]):
             content_encoding=message.content_encoding, delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             priority=message.priority, correlation_id=message.correlation_id, reply_to=message.reply_to,
             message_id=message.message_id, timestamp=message.timestamp, type=message.type,
-            app_id=message.app_id,
+            app_id=message.app_id, user_id=self._user_id,
         )
         try:
             async with asyncio.timeout(self._timeout):

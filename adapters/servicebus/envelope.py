@@ -43,9 +43,9 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
 from consumer_kit import headers as own
-from consumer_kit.envelope import CORRELATION_ID_HEADER, MESSAGE_TYPE_HEADER
+from consumer_kit.envelope import CORRELATION_ID_HEADER
 from consumer_kit.headers import OwnHeaders
-from consumer_kit.publishing import OutgoingMessage
+from consumer_kit.publishing import OutgoingMessage, headers_to_send
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +205,7 @@ def outgoing_message(message: OutgoingMessage) -> ServiceBusMessage:
     Raises:
         ValueError, TypeError: the SDK cannot build it (e.g. a property value of an unknown type).
     """
-    properties: dict[str | bytes, Any] = dict(message.headers.items())
-    properties[MESSAGE_TYPE_HEADER] = message.message_type
+    properties: dict[str | bytes, Any] = dict(headers_to_send(message).items())
     return ServiceBusMessage(
         message.body,
         application_properties=properties,

@@ -43,7 +43,7 @@ from adapters.sqs.topology import QueueDirectory, QueueInfo
 from consumer_kit import headers as own
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +133,14 @@ class SQSPublisher(Publisher):
                 f"message_id={message.message_id} cannot be sent to SQS: the body is not UTF-8 text",
                 permanent=True,
             ) from exc
-        headers: dict[str, Any] = {**own.without_marks(message.headers), MESSAGE_TYPE_HEADER: message.message_type,
-                                   MESSAGE_ID_ATTRIBUTE: message.message_id}
+        # a relay publish's first-enqueued mark is made here, never taken from the headers
+        headers: dict[str, Any] = {**own.without_marks(message.headers), **first_enqueued_mark(message),
+                                   MESSAGE_TYPE_HEADER: message.message_type, MESSAGE_ID_ATTRIBUTE: message.message_id}
         if message.routing_key and message.destination:
             headers[ROUTING_KEY_ATTRIBUTE] = message.routing_key
         if message.content_type != "application/json":
             headers["content-type"] = message.content_type
-        # the message-id mark, signed: consumers believe it only so (consumer_kit.headers)
+        # the message-id (and first-enqueued) mark, signed: consumers believe it only so (consumer_kit.headers)
         attributes = attributes_for(own.seal(headers, message.body))
         size = size_of(body, attributes)
         if size > queue.max_message_size:
