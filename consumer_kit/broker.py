@@ -99,9 +99,11 @@ class Delivery(abc.ABC):
     @property
     def headers_for_copies(self) -> dict[Any, Any]:
         """The headers every copy of this delivery starts from (retry, release, dead-letter): its
-        own plus ``x-consumer-kit-first-enqueued`` (:attr:`first_enqueued_at`), which the adapter's
-        copy signs with the other marks."""
-        return {**self.headers, own.FIRST_ENQUEUED: self.first_enqueued_at.astimezone(dt.UTC).isoformat()}
+        own plus ``x-consumer-kit-first-enqueued`` (:attr:`first_enqueued_at`) and, where it has
+        one, ``x-consumer-kit-sender`` (:attr:`sender`: the copy is sent by the worker, the sender
+        stays the original's), which the adapter's copy signs with the other marks."""
+        first = {own.FIRST_ENQUEUED: self.first_enqueued_at.astimezone(dt.UTC).isoformat()}
+        return {**self.headers, **first, **({} if self.sender is None else {own.SENDER: self.sender})}
 
     @property
     def header_fault(self) -> str | None:
@@ -316,6 +318,16 @@ class Consumer(abc.ABC):
 
 
 # -- dead-letter queues (consumer-kit dlq): defined in consumer_kit.dead_letters, re-exported here --
+
+def sender_across_copies(headers: Mapping[str, Any], broker_sender: str | None) -> str | None:
+    """The authenticated sender of a delivery whose headers :func:`consumer_kit.headers.read` has
+    verified: the signed ``x-consumer-kit-sender`` an earlier copy carried (``""``: the original had
+    none), else ``broker_sender`` (the broker's sender of this copy, e.g. SQS ``SenderId``)."""
+    carried = own.read_text(own.lookup(headers, own.SENDER), 255)
+    if carried is None:
+        return broker_sender
+    return carried or None
+
 
 def first_enqueue_time(headers: Mapping[str, Any], enqueued_at: dt.datetime | None) -> dt.datetime:
     """The earliest trustworthy enqueue time of the operation a delivery belongs to: the signed

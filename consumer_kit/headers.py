@@ -39,6 +39,8 @@ header                             type     bad value         why
 ``x-consumer-kit-first-enqueued``  ISO      ignored           the operation's first enqueue time (key
                                   8601+tz                     expiry); absent: this copy's broker time
 ``x-consumer-kit-mac``             text     ignored           authenticates the marks (below)
+``x-consumer-kit-sender``          text     ignored           on a copy: the original's sender (tenancy);
+                                  <= 255                      absent: the broker's sender of this copy
 ``operation-id``                   text     (the decoder's)   the operation key: missing or empty is
                                                               ``missing_operation_key``, anything else bad
                                                               ``invalid_operation_key`` (the hostile
@@ -92,7 +94,7 @@ from consumer_kit.header_values import (
 __all__ = [
     "BROKER_COUNT", "CORRELATION_ID", "DEAD_LETTER_DETAIL", "DEAD_LETTER_REASON", "DELIVERIES",
     "FIRST_ENQUEUED", "IGNORED", "MARKS", "MAX_COUNT", "MESSAGE_ID", "MESSAGE_TYPE", "OPERATION_CREATED_AT",
-    "OPERATION_ID", "ORIGINAL_QUEUE", "PACKED", "PARTITION_KEY", "REDELIVERED", "REDRIVEN", "SIGNATURE",
+    "OPERATION_ID", "ORIGINAL_QUEUE", "PACKED", "PARTITION_KEY", "REDELIVERED", "REDRIVEN", "SENDER", "SIGNATURE",
     "SPECS", "SPEC_BY_NAME", "TENANT", "TRIMMED", "UNVERIFIED", "Headers", "OwnHeaders", "Spec",
     "is_valid", "lookup", "pack", "read", "read_count", "read_flag", "read_packed", "read_text",
     "read_time", "seal", "unpack", "without_marks",
@@ -121,6 +123,8 @@ FIRST_ENQUEUED = "x-consumer-kit-first-enqueued"
 """On a copy: the broker's enqueue time of the operation's first copy (decides key expiry)."""
 SIGNATURE = "x-consumer-kit-mac"
 """The HMAC over the marks of a copy (:mod:`consumer_kit.marks`)."""
+SENDER = "x-consumer-kit-sender"
+"""On a copy: the authenticated sender of the message it copies (``""``: none), not the copier's."""
 BROKER_COUNT = "x-delivery-count"
 """RabbitMQ's own delivery count (quorum queues)."""
 
@@ -163,6 +167,7 @@ SPECS: tuple[Spec, ...] = (
     Spec(ORIGINAL_QUEUE, "text", invalid=False, max_chars=1024),
     Spec(FIRST_ENQUEUED, "time", invalid=False, max_chars=64),
     Spec(SIGNATURE, "text", invalid=False, max_chars=64),
+    Spec(SENDER, "text", invalid=False, max_chars=255),
     Spec(TENANT, "text", invalid=True, max_chars=200),
     Spec(MESSAGE_TYPE, "text", invalid=True, max_chars=256),
     Spec(OPERATION_CREATED_AT, "time", invalid=True, max_chars=64),
@@ -174,10 +179,8 @@ the decoder's)."""
 
 SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
 
-MARKS = frozenset({
-    DELIVERIES, REDELIVERED, MESSAGE_ID, REDRIVEN, TRIMMED, FIRST_ENQUEUED,
-    DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, ORIGINAL_QUEUE,
-})
+MARKS = frozenset({DELIVERIES, REDELIVERED, MESSAGE_ID, REDRIVEN, TRIMMED, FIRST_ENQUEUED, SENDER,
+                   DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, ORIGINAL_QUEUE})
 """consumer-kit's bookkeeping on a message: believed only under a valid :data:`SIGNATURE`."""
 
 

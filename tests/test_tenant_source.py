@@ -22,6 +22,7 @@ from adapters.rabbitmq import RabbitMQDelivery, RabbitMQPublisher
 from adapters.rabbitmq.envelope import SENDER_HEADER, sender_of, user_of_url
 from adapters.sqs import SQSDelivery
 from consumer_kit import App, ConfigurationError, Context, Handler, Outcome, Result, RetryableError
+from consumer_kit import headers as own
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
 from tests.contract.test_relayed_age import relayed
 from tests.harness import fetch_all, runtime_for, throwaway_schema
@@ -339,3 +340,28 @@ async def test_sqs_worker_allows_a_sender_id_its_tenants_only_and_a_retry_copy_k
     assert refused.reason == "invalid_header" and refused.operation_key is None  # refused at decoding
     assert AllowListedHandler.calls == [("acme", 500), ("acme", 500)]
     assert rows == [("acme/order.place/v1", "o-acme", "completed")]
+
+
+async def test_sqs_copies_of_a_message_from_sender_a_are_still_judged_as_as(
+    sqs_endpoint: str, sqs: Any, unique_name: str,  # noqa: F811 - the fixtures above
+) -> None:
+    """SQS attributes a copy to whoever sends it: the worker. The original's sender travels as the
+    signed mark ``x-consumer-kit-sender``, so a retry copy and a release copy of A's message stay
+    A's. (moto gives every message one SenderId, the worker's copies included: A here is the
+    sender a signed mark names, as on a copy consumer-kit made of A's message.)"""
+    url = await make_queue(sqs, unique_name)
+    marked = own.seal({"x-consumer-kit-sender": "acme-producer"}, b"{}")
+    await sqs.call("send_message", QueueUrl=url, MessageBody="{}", MessageAttributes={
+        name: {"DataType": "String", "StringValue": value} for name, value in marked.items()
+    })
+    inbox = Inbox()
+    async with sqs_consuming(sqs_endpoint, unique_name, inbox):
+        delivery = await inbox.next()
+        assert delivery.sender == "acme-producer"
+        await delivery.retry(0)
+        retried = await inbox.next()
+        assert (retried.sender, retried.delivery_count) == ("acme-producer", 2)
+        await retried.release()
+        released = await inbox.next()
+        assert released.sender == "acme-producer"
+        await released.ack()

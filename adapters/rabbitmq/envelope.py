@@ -56,7 +56,7 @@ OPERATION_HEADERS = frozenset(
 
 # Set on a copy by consumer-kit itself, never carried over from the delivery it copies: a quorum
 # queue would read a copied x-delivery-count as its own, and a retry is never a suspect.
-SENDER_HEADER = "x-consumer-kit-sender"
+SENDER_HEADER = own.SENDER
 """On a copy consumer-kit made: the sender of the message it copies (see the module docstring)."""
 
 _NOT_COPIED = frozenset({BROKER_COUNT_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER, SENDER_HEADER})

@@ -58,7 +58,7 @@ from adapters.sqs.redelivery import GIVE_BACKS
 from adapters.sqs.settlement import LockLost, Settler
 from adapters.sqs.topology import QueueInfo
 from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.broker import Delivery, Settlement, sender_across_copies
 from consumer_kit.envelope import CORRELATION_ID_HEADER
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,8 @@ class SQSDelivery(Delivery):
             correlation_id=own_headers.read_text(reading.headers.get(CORRELATION_ID_HEADER), 256),
             partition_key=system.get("MessageGroupId"),
             enqueued_at=dt.datetime.fromtimestamp(int(sent) / 1000, dt.UTC) if sent else None,
-            sender=str(system["SenderId"]) if system.get("SenderId") else None,  # set by SQS, not the producer
+            # set by SQS, not the producer; on a copy the worker sent, the original's (a signed mark)
+            sender=sender_across_copies(reading.headers, str(system["SenderId"]) if system.get("SenderId") else None),
             settle_timeout=settle_timeout,
         )
         self.queue_url = info.url
