@@ -20,6 +20,7 @@ GOOD_VALUES: dict[str, Any] = {
     own.REDRIVEN: "max_deliveries_exceeded",
     own.TRIMMED: 2,
     own.FIRST_ENQUEUED: "2026-01-01T00:00:00+00:00",
+    own.SENDER: "acme-producer",
     own.DEAD_LETTER_REASON: "handler_failed",
     own.DEAD_LETTER_DETAIL: "ValueError: boom",
     own.ORIGINAL_QUEUE: "orders",
