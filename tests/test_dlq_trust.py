@@ -10,6 +10,7 @@ import json
 import aio_pika
 import pytest
 
+from adapters.rabbitmq.envelope import user_of_url
 from consumer_kit import headers as own
 from tests.broker_env import Env, command
 from tests.test_dlq import dlq
@@ -57,5 +58,33 @@ async def test_a_broker_dead_letter_with_producer_marks_is_shown_as_the_broker_s
         await back.ack()
         assert (back.headers or {}).get("operation-id") == "op-forged"
         assert not {own.ORIGINAL_QUEUE, own.DEAD_LETTER_REASON, own.DELIVERIES} & set(back.headers or {})
+    finally:
+        await connection.close()
+
+
+async def test_a_redriven_copy_carries_the_redriving_connections_user_id(env: Env) -> None:
+    """RabbitMQ validates ``user_id``: the redrive copy is sent as the operator's user, so a handler
+    whose ``tenant_senders`` lists that user can admit redriven messages."""
+    connection = await aio_pika.connect(env.rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        async with env.worker():  # declares the work queue, its DLX and its .dlq
+            pass
+        await env.send(command(order_id=2), {"operation-id": "op-redriven"})
+        work = await channel.declare_queue(env.queue, passive=True)
+        async with asyncio.timeout(10):
+            while (message := await work.get(fail=False)) is None:
+                await asyncio.sleep(0.05)
+        await message.reject(requeue=False)  # into the .dlq
+        async with asyncio.timeout(10):
+            while not json.loads(await dlq(env, "list", env.queue, "--json")):
+                await asyncio.sleep(0.1)
+        assert "redrove 1, kept 0, failed 0" in await dlq(env, "redrive", env.queue, "--all")
+        async with asyncio.timeout(10):
+            while (back := await work.get(fail=False)) is None:
+                await asyncio.sleep(0.05)
+        await back.ack()
+        assert (back.headers or {}).get("operation-id") == "op-redriven"
+        assert back.user_id == user_of_url(env.rabbitmq_url)
     finally:
         await connection.close()
