@@ -31,7 +31,7 @@ from consumer_kit.publishing import OutgoingMessage, Publisher, headers_to_send
 from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised, all_running
 
-logger = logging.getLogger("adapters.memory")
+logger = logging.getLogger("consumer_kit.adapters.memory")
 
 _BROKERS: dict[str, MemoryBroker] = {}
 

@@ -15,7 +15,7 @@ Per run (one schema for the whole scenario, ``ckb_drain_*`` in database ``ck_ben
    in id order; unordered: no key), ``CHECKPOINT``; record the planner's estimate of pending rows
    against the truth; time a few fresh-cursor claims of ``relay_batch_size`` rows (rolled back,
    like the issue's "one ordered claim of 200") and keep one ``EXPLAIN (ANALYZE, BUFFERS)``;
-3. drain with the real relay (:class:`outbox_relay.relay.Relay`, default settings: batch 200,
+3. drain with the real relay (:class:`consumer_kit.outbox_relay.relay.Relay`, default settings: batch 200,
    256 publishes in flight, publisher confirms) in a child process on a RabbitMQ vhost of its own
    (created with ``rabbitmqctl`` when it is on PATH, else the default vhost); the destination is a
    durable topic exchange bound to a classic queue that keeps the newest 10,000 messages
@@ -200,8 +200,8 @@ async def probe_claims(db_url: str, schema: str, *, ordered: bool, batch: int,
     a session like the relay's (``pgoptions``), each in a transaction that is rolled back so the
     backlog is untouched; and EXPLAIN one of them. A probe is cut at ``PROBE_TIMEOUT_MS``
     (reported as ``None``; the plan is then EXPLAINed without ANALYZE)."""
-    from outbox_relay import statements
-    from outbox_relay import store as store_module
+    from consumer_kit.outbox_relay import statements
+    from consumer_kit.outbox_relay import store as store_module
 
     s = store_module.OutboxStore(schema, relay_id="probe", max_attempts=10, claim_timeout=30.0,
                                  backoff_base=1.0, backoff_max=60.0)
@@ -292,8 +292,8 @@ def drain(db_url: str, amqp_url: str, schema: str, *, n: int, ordered: bool, tim
 
 async def relay_child(args: argparse.Namespace) -> dict[str, Any]:
     """The relay as ``outbox-relay`` runs it (default settings), its store's claim timed."""
-    from outbox_relay.relay import Relay
-    from outbox_relay.settings import RelaySettings
+    from consumer_kit.outbox_relay.relay import Relay
+    from consumer_kit.outbox_relay.settings import RelaySettings
 
     settings = RelaySettings(
         database_url=args.database_url, broker_url=args.broker_url, db_schema=args.schema,

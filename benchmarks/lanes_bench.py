@@ -22,8 +22,8 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel
 
-from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import App, Context, Envelope, Handler, OutgoingMessage, Result, Settings
+from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.worker import Worker
 from tests.harness import throwaway_schema
 

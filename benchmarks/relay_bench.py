@@ -130,7 +130,7 @@ async def start_relays(schema: str, count: int, ordered: bool) -> list[asyncio.s
            "CONSUMER_KIT_BROKER_URL": BROKER_URL, "PYTHONPATH": str(ROOT)}
     return [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "outbox_relay.cli", "--schema", schema,
+            sys.executable, "-m", "consumer_kit.outbox_relay.cli", "--schema", schema,
             "--ordered" if ordered else "--unordered", "--batch-size", "500",
             "--poll-interval", "1", "--log-level", "WARNING", "--relay-id", f"bench-{i}",
             env=env, cwd=str(ROOT), stdout=asyncio.subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """The broker contract: what the runtime needs from any queue (the relay's side is
 :mod:`consumer_kit.publishing`).
 
-Adapters (``adapters.memory``, ``adapters.rabbitmq``, ...) implement these classes; the core never
+Adapters (``consumer_kit.adapters.memory``, ``consumer_kit.adapters.rabbitmq``, ...) implement these classes; the core never
 imports a broker SDK. Words follow DESIGN.md: a *delivery* is one hand-over of a message under
 *peek-lock*; it ends when it is *settled* by exactly one of ``ack``, ``retry`` or ``dead_letter``.
 """

@@ -1,7 +1,7 @@
 """Find the adapter for a broker URL through the ``consumer_kit.brokers`` entry points.
 
 The core never imports an adapter: ``amqp://`` maps to the module registered under ``amqp``
-(``adapters.rabbitmq``), ``memory://`` to ``adapters.memory``. What an adapter module provides is
+(``consumer_kit.adapters.rabbitmq``), ``memory://`` to ``consumer_kit.adapters.memory``. What an adapter module provides is
 :class:`BrokerAdapter` (two factories), and, for ``consumer-kit dlq``, :class:`DeadLetterAdapter`
 (a third); each factory takes the worker's (or the relay's) :class:`~consumer_kit.settings.Settings`.
 A module that lacks a required factory is refused when it is loaded.

@@ -124,7 +124,7 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         104,
-        # The relay's claim probes partial indexes in index order only (see outbox_relay.store):
+        # The relay's claim probes partial indexes in index order only (see consumer_kit.outbox_relay.store):
         # due unkeyed rows get their own index for ordered relaying, and the (partition_key, id)
         # index no statement uses any more goes (one index fewer to write per row).
         """

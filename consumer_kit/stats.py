@@ -54,7 +54,7 @@ _LEDGER_PRESSURE = """
 """
 
 # Parked: max_attempts failed attempts, or due at 'infinity' (parked under a smaller
-# max_attempts), as in outbox_relay.store.
+# max_attempts), as in consumer_kit.outbox_relay.store.
 _OUTBOX_PRESSURE = """
     SELECT (SELECT count(*) FROM (SELECT 1 FROM {outbox}
                                    WHERE published_at IS NULL AND attempts < %(max_attempts)s

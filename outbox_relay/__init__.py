@@ -1,6 +1,6 @@
 """outbox-relay: publishes consumer-kit outbox rows to a broker and marks them published.
 
-Run it as ``outbox-relay`` (see :mod:`outbox_relay.cli`) next to the workers; any number of relays
+Run it as ``outbox-relay`` (see :mod:`consumer_kit.outbox_relay.cli`) next to the workers; any number of relays
 may run on one outbox.
 
 Guarantees
@@ -55,11 +55,11 @@ PostgreSQL aborts one of them (retried like any transient error); distinct keys 
 ``hashtext`` collide serialise their writers, harmlessly.
 """
 
-from outbox_relay.counters import RelayCounters
-from outbox_relay.relay import Relay, relay_pending
-from outbox_relay.routing import Routing
-from outbox_relay.settings import RelaySettings, RouteTarget
-from outbox_relay.store import OutboxStatus, OutboxStore
+from .counters import RelayCounters
+from .relay import Relay, relay_pending
+from .routing import Routing
+from .settings import RelaySettings, RouteTarget
+from .store import OutboxStatus, OutboxStore
 
 __all__ = [
     "OutboxStatus",

@@ -7,8 +7,8 @@
 ``outbox-relay cleanup``    delete published rows older than the retention now
 
 Settings come from ``CONSUMER_KIT_*`` environment variables (see
-:class:`outbox_relay.settings.RelaySettings`; ``status``, ``requeue`` and ``cleanup`` read only
-:class:`~outbox_relay.settings.OutboxSettings`); options override them. Exit codes: 0 done,
+:class:`consumer_kit.outbox_relay.settings.RelaySettings`; ``status``, ``requeue`` and ``cleanup`` read only
+:class:`~consumer_kit.outbox_relay.settings.OutboxSettings`); options override them. Exit codes: 0 done,
 2 configuration error (a setting out of range, no database named, PostgreSQL or the broker
 unreachable or refusing at start-up, unknown destination, schema not migrated).
 """
@@ -44,9 +44,10 @@ from consumer_kit.cli.console import (
 from consumer_kit.embedded import database_url
 from consumer_kit.settings import EMBEDDED
 from consumer_kit.telemetry.setup import install
-from outbox_relay.relay import Relay
-from outbox_relay.settings import OutboxSettings, RelaySettings
-from outbox_relay.store import OutboxStore
+
+from .relay import Relay
+from .settings import OutboxSettings, RelaySettings
+from .store import OutboxStore
 
 app = typer.Typer(
     add_completion=False,

@@ -17,9 +17,9 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from outbox_relay.reconnect import close_quietly, log_retry
+from .reconnect import close_quietly, log_retry
 
-logger = logging.getLogger("outbox_relay.listener")
+logger = logging.getLogger("consumer_kit.outbox_relay.listener")
 
 
 class NotifyListener:

@@ -3,7 +3,7 @@
 Each row becomes one broker message whose message id is the row's event ID (the same on every
 attempt, so consumers deduplicate a republish), inside a ``publish {destination}`` PRODUCER span
 that continues the trace stored with the row. A failure says what it means for the row
-(:class:`~outbox_relay.store.Failure`: park at once, back off briefly, or back off and count).
+(:class:`~consumer_kit.outbox_relay.store.Failure`: park at once, back off briefly, or back off and count).
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 from consumer_kit.telemetry.metrics import record_published
 from consumer_kit.telemetry.tracing import mark_failed, producer_span
-from outbox_relay.counters import RelayCounters
-from outbox_relay.routing import Routing, UnknownDestination
-from outbox_relay.store import ClaimedRow, Failure
 
-logger = logging.getLogger("outbox_relay")
+from .counters import RelayCounters
+from .routing import Routing, UnknownDestination
+from .store import ClaimedRow, Failure
+
+logger = logging.getLogger("consumer_kit.outbox_relay")
 
 
 class RowPublisher:

@@ -12,7 +12,7 @@ import psycopg
 from psycopg import AsyncConnection
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-logger = logging.getLogger("outbox_relay")
+logger = logging.getLogger("consumer_kit.outbox_relay")
 
 
 def log_retry(what: str) -> Callable[[RetryCallState], None]:

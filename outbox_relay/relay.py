@@ -41,21 +41,22 @@ from consumer_kit.publishing import Publisher
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
-from outbox_relay.counters import RelayCounters
-from outbox_relay.listener import NotifyListener
-from outbox_relay.publishing import RowPublisher
-from outbox_relay.reconnect import (
+
+from .counters import RelayCounters
+from .listener import NotifyListener
+from .publishing import RowPublisher
+from .reconnect import (
     close_quietly,
     connect_error,
     connect_until_stopped,
     open_connection,
     sleep_unless_stopped,
 )
-from outbox_relay.routing import Routing
-from outbox_relay.settings import RelaySettings
-from outbox_relay.store import OutboxStore
+from .routing import Routing
+from .settings import RelaySettings
+from .store import OutboxStore
 
-logger = logging.getLogger("outbox_relay")
+logger = logging.getLogger("consumer_kit.outbox_relay")
 
 _BACKOFF_FIRST = 0.5  # seconds between tries while the database is unavailable, doubling
 _BACKOFF_MAX = 5.0
@@ -78,7 +79,7 @@ class Relay:
         routing: destination map; default built from ``settings``.
 
     Attributes:
-        counters: :class:`~outbox_relay.counters.RelayCounters`.
+        counters: :class:`~consumer_kit.outbox_relay.counters.RelayCounters`.
         relay_id: this relay's ``claimed_by`` name.
     """
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from consumer_kit.errors import ConfigurationError
-from outbox_relay.settings import RelaySettings, RouteTarget
+
+from .settings import RelaySettings, RouteTarget
 
 
 class UnknownDestination(Exception):

@@ -1,5 +1,5 @@
 """The relay's statements on ``<schema>.outbox`` as ``psycopg.sql`` templates (``{table}`` is the
-outbox's identifier), formatted once per schema by :class:`outbox_relay.store.OutboxStore`.
+outbox's identifier), formatted once per schema by :class:`consumer_kit.outbox_relay.store.OutboxStore`.
 
 Why the claim is written the way it is (index-order probes, never a sort) is said beside it.
 """

@@ -1,6 +1,6 @@
 """The relay's work on the outbox: claim, mark, back off, park, requeue, clean up and report on the outbox.
 
-Every statement (:mod:`outbox_relay.statements`) is built once with :mod:`psycopg.sql` (identifiers are never formatted by hand)
+Every statement (:mod:`consumer_kit.outbox_relay.statements`) is built once with :mod:`psycopg.sql` (identifiers are never formatted by hand)
 and runs as one autocommit statement, so a claim or a mark is atomic on its own.
 
 The claim protocol (many relays on one outbox):
@@ -32,7 +32,8 @@ import psycopg
 from psycopg import AsyncConnection, pq, sql
 
 from consumer_kit.errors import ConfigurationError
-from outbox_relay.statements import (
+
+from .statements import (
     CANDIDATES_ORDERED,
     CANDIDATES_ORDERED_FROM_START,
     CANDIDATES_UNORDERED,
@@ -51,7 +52,7 @@ from outbox_relay.statements import (
 )
 
 if TYPE_CHECKING:
-    from outbox_relay.settings import OutboxSettings
+    from .settings import OutboxSettings
 
 REQUIRED_MIGRATION = 102
 """The outbox migration that adds ``commit_seq`` (commit order per partition key)."""

@@ -18,8 +18,8 @@ from typing import Any
 import aio_pika
 import pytest
 
-from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import App, DeliveryReport, OutgoingMessage, Settings
+from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoiceHandler
 from tests.harness import fetch_all, throwaway_schema

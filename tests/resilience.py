@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from adapters.rabbitmq import consumer_from_settings
 from consumer_kit import App, Context, DeliveryReport, Outcome, Result
+from consumer_kit.adapters.rabbitmq import consumer_from_settings
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import Env, command

@@ -29,12 +29,12 @@ def test_every_registered_adapter_module_provides_the_factories() -> None:
 
 
 def test_a_module_without_a_factory_is_refused_by_name() -> None:
-    module = types.ModuleType("adapters.half")
+    module = types.ModuleType("consumer_kit.adapters.half")
     module.consumer_from_settings = lambda settings: None  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError) as refused:
         check_adapter(module, "half")
     text = str(refused.value)
-    assert "adapters.half" in text and "publisher_from_settings(settings)" in text
+    assert "consumer_kit.adapters.half" in text and "publisher_from_settings(settings)" in text
     assert "consumer_from_settings" not in text
     module.publisher_from_settings = "not callable"  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError, match="publisher_from_settings"):

@@ -129,11 +129,11 @@ WORKER_SCRIPT = ROOT / "tests" / "chaos" / "worker_main.py"
 
 def _have_rabbitmq_adapter() -> str | None:
     try:
-        import adapters.rabbitmq as rabbitmq
+        import consumer_kit.adapters.rabbitmq as rabbitmq
     except ImportError as exc:
-        return f"adapters.rabbitmq cannot be imported: {exc}"
+        return f"consumer_kit.adapters.rabbitmq cannot be imported: {exc}"
     if not hasattr(rabbitmq, "RabbitMQConsumer"):
-        return "adapters.rabbitmq has no RabbitMQConsumer yet"
+        return "consumer_kit.adapters.rabbitmq has no RabbitMQConsumer yet"
     return None
 
 

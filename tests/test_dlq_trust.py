@@ -10,8 +10,8 @@ import json
 import aio_pika
 import pytest
 
-from adapters.rabbitmq.envelope import user_of_url
 from consumer_kit import headers as own
+from consumer_kit.adapters.rabbitmq.envelope import user_of_url
 from tests.broker_env import Env, command
 from tests.test_dlq import dlq
 

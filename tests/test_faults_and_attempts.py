@@ -485,7 +485,7 @@ async def test_relay_survives_a_read_only_window_and_publishes_everything_once_w
     """The relay claims rows with an UPDATE, which a read-only database refuses. It must neither
     crash nor spin: it logs the outage once, backs off, reports not-ready, and publishes every
     event (with message id = event id) once the database is writable again."""
-    from outbox_relay import Relay
+    from consumer_kit.outbox_relay import Relay
     from tests.test_relay_support import Event, Recorder, connect, relay_settings, write_events
 
     database = str(conninfo_to_dict(own_database)["dbname"])

@@ -77,8 +77,8 @@ def closed_port() -> int:
 @pytest.mark.parametrize("argv, program", [
     (["consumer_kit", "worker", "examples.invoices.app:app"], "consumer-kit worker"),
     (["consumer_kit", "migrate"], "consumer-kit migrate"),
-    (["outbox_relay.cli"], "outbox-relay"),
-    (["outbox_relay.cli", "status"], "outbox-relay"),
+    (["consumer_kit.outbox_relay.cli"], "outbox-relay"),
+    (["consumer_kit.outbox_relay.cli", "status"], "outbox-relay"),
 ])
 def test_an_unset_database_url_is_refused_and_nothing_embedded_is_created(
     tmp_path: Path, argv: list[str], program: str
@@ -115,7 +115,7 @@ def test_migrate_and_relay_status_ignore_worker_settings_they_do_not_use(databas
         migrated = run("-m", "consumer_kit", "migrate", "--schema", schema, env=env)
         assert migrated.returncode == 0, migrated.stderr
         assert migrated.stdout.startswith(f"schema {schema}: applied migrations 1,")
-        status = run("-m", "outbox_relay.cli", "status", "--json", "--schema", schema, env=env)
+        status = run("-m", "consumer_kit.outbox_relay.cli", "status", "--json", "--schema", schema, env=env)
         assert status.returncode == 0, status.stderr
         assert '"parked": 0' in status.stdout
         worker = run("-m", "consumer_kit", "worker", "examples.invoices.app:app", env={
@@ -196,7 +196,7 @@ def test_a_missing_vhost_is_named_at_once_with_the_password_redacted(env: Env) -
     vhost = "ck-missing-" + uuid.uuid4().hex[:6]
     url = other_vhost(env.rabbitmq_url, vhost)
     password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
-    for argv in (["consumer_kit", "worker", "tests.apps.invoices_on_test_queue:app"], ["outbox_relay.cli"]):
+    for argv in (["consumer_kit", "worker", "tests.apps.invoices_on_test_queue:app"], ["consumer_kit.outbox_relay.cli"]):
         started = time.monotonic()
         result = run("-m", *argv, timeout=30,
                      env=env.worker_environment(CONSUMER_KIT_BROKER_URL=url, PYTHONPATH=str(ROOT)))
@@ -217,7 +217,7 @@ def test_the_relay_probes_the_database_at_start_up_and_fails_like_the_worker(env
     refused = env.database_url.replace("postgres@", "ck_no_such_role:pw@", 1)
     assert refused != env.database_url
     started = time.monotonic()
-    result = run("-m", "outbox_relay.cli", timeout=30,
+    result = run("-m", "consumer_kit.outbox_relay.cli", timeout=30,
                  env=env.worker_environment(CONSUMER_KIT_DATABASE_URL=refused, PYTHONPATH=str(ROOT)))
     assert time.monotonic() - started < 15
     assert result.returncode == 2
@@ -233,7 +233,7 @@ def test_the_relay_probes_the_database_at_start_up_and_fails_like_the_worker(env
 @pytest.mark.rabbitmq
 def test_the_relay_probes_the_broker_at_start_up_instead_of_looking_healthy(env: Env) -> None:
     port = closed_port()
-    result = run("-m", "outbox_relay.cli", timeout=60, env=env.worker_environment(
+    result = run("-m", "consumer_kit.outbox_relay.cli", timeout=60, env=env.worker_environment(
         CONSUMER_KIT_BROKER_URL=f"amqp://guest:s3cret@127.0.0.1:{port}/", PYTHONPATH=str(ROOT)))
     assert result.returncode == 2
     lines = result.stderr.splitlines()
@@ -253,7 +253,7 @@ async def test_the_relay_logs_a_summary_at_info_when_it_stops(env: Env) -> None:
     async with await connect(env.database_url) as conn:
         (event_id,) = await write_events(conn, env.schema, [Event(destination=f"{env.queue}.events")])
     relay = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "outbox_relay.cli", env=env.worker_environment(PYTHONPATH=str(ROOT)),
+        sys.executable, "-m", "consumer_kit.outbox_relay.cli", env=env.worker_environment(PYTHONPATH=str(ROOT)),
         cwd=str(ROOT), stderr=asyncio.subprocess.PIPE,
     )
 
@@ -266,7 +266,7 @@ async def test_the_relay_logs_a_summary_at_info_when_it_stops(env: Env) -> None:
     finally:
         stderr = await stop_gracefully(relay)
     assert relay.returncode == 0
-    summary = [line for line in stderr.splitlines() if " INFO outbox_relay " in line and " stopped: " in line]
+    summary = [line for line in stderr.splitlines() if " INFO consumer_kit.outbox_relay " in line and " stopped: " in line]
     assert len(summary) == 1, stderr
     assert re.search(r"relay \S+ stopped: .*\bpublished=1\b", summary[0]), summary[0]
     assert re.search(r"\bclaimed=1\b", summary[0]), summary[0]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from adapters.rabbitmq import delivery_count_of
 from consumer_kit import headers as own
+from consumer_kit.adapters.rabbitmq import delivery_count_of
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from tests.hostile.bookkeeping import nested, nested_json

@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 
 from consumer_kit import Outcome, Settings
+from consumer_kit.outbox_relay import Relay
+from consumer_kit.outbox_relay.routing import Routing
+from consumer_kit.outbox_relay.settings import RouteTarget
 from examples.invoices.api import create_app
-from outbox_relay import Relay
-from outbox_relay.routing import Routing
-from outbox_relay.settings import RouteTarget
 from tests.broker_env import Env
 from tests.test_relay_support import relay_settings
 

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from consumer_kit import ConfigurationError, Settings
 from consumer_kit.cli.main import cli
 from consumer_kit.health import Health
-from outbox_relay import Relay, RelaySettings
-from outbox_relay.cli import app as relay_cli
+from consumer_kit.outbox_relay import Relay, RelaySettings
+from consumer_kit.outbox_relay.cli import app as relay_cli
 from tests.broker_env import Env
 from tests.test_first_hour import closed_port, stop_gracefully
 from tests.test_relay_support import relay_settings

@@ -83,7 +83,7 @@ async def test_the_prometheus_endpoints_serve_counters_and_database_gauges(env: 
         "--metrics-port", str(worker_port), env=environment, stderr=asyncio.subprocess.PIPE,
     )
     relay = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "outbox_relay.cli", "--metrics-port", str(relay_port), env=environment,
+        sys.executable, "-m", "consumer_kit.outbox_relay.cli", "--metrics-port", str(relay_port), env=environment,
         stderr=asyncio.subprocess.PIPE,
     )
     try:

@@ -143,7 +143,7 @@ async def test_ledger_list_show_and_stats_print_hostile_rows_as_text_at_80_colum
 @pytest.mark.postgres
 async def test_outbox_relay_status_prints_a_hostile_parked_row_as_text(env: Env) -> None:
     await seed_ledger(env)
-    base = [sys.executable, "-m", "outbox_relay.cli", "status", "--schema", env.schema]
+    base = [sys.executable, "-m", "consumer_kit.outbox_relay.cli", "status", "--schema", env.schema]
     environ = {"CONSUMER_KIT_DATABASE_URL": env.database_url, "PATH": "/usr/bin:/bin", **NARROW}
     text = await asyncio.to_thread(subprocess.run, base, env=environ, capture_output=True, text=True, timeout=60)
     assert text.returncode == 0, text.stderr

@@ -21,7 +21,8 @@ import aio_pika
 import aiormq
 import pytest
 
-from adapters.rabbitmq import (
+from consumer_kit import headers as own
+from consumer_kit.adapters.rabbitmq import (
     DEAD_LETTER_REASON_HEADER,
     DELIVERIES_HEADER,
     REDELIVERED_HEADER,
@@ -34,11 +35,10 @@ from adapters.rabbitmq import (
     delivery_count_of,
     publisher_from_settings,
 )
-from adapters.rabbitmq.envelope import user_of_url
-from adapters.rabbitmq.errors import publish_error
-from adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
-from adapters.rabbitmq.publisher import properties_of
-from consumer_kit import headers as own
+from consumer_kit.adapters.rabbitmq.envelope import user_of_url
+from consumer_kit.adapters.rabbitmq.errors import publish_error
+from consumer_kit.adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
+from consumer_kit.adapters.rabbitmq.publisher import properties_of
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.publishing import OutgoingMessage, PublishError
 from tests.conftest import close_vhost_connections, vhost_of
@@ -296,10 +296,10 @@ def test_factories_from_settings() -> None:
 
 
 def test_handler_timeout_warning(caplog: pytest.LogCaptureFixture, rabbitmq_url: str) -> None:
-    with caplog.at_level(logging.WARNING, logger="adapters.rabbitmq"):
+    with caplog.at_level(logging.WARNING, logger="consumer_kit.adapters.rabbitmq"):
         make_consumer(rabbitmq_url, handler_timeout=60.0, consumer_timeout=1800.0)
     assert "consumer_timeout" not in caplog.text
-    with caplog.at_level(logging.WARNING, logger="adapters.rabbitmq"):
+    with caplog.at_level(logging.WARNING, logger="consumer_kit.adapters.rabbitmq"):
         make_consumer(rabbitmq_url, handler_timeout=1800.0, consumer_timeout=1800.0)
     assert "consumer_timeout" in caplog.text
 
@@ -735,7 +735,7 @@ async def test_startup_warns_about_existing_queue_with_low_delivery_limit(
         )
     inbox = Inbox()
     consumer = make_consumer(rabbitmq_url, max_deliveries=5)
-    with caplog.at_level(logging.WARNING, logger="adapters.rabbitmq"):
+    with caplog.at_level(logging.WARNING, logger="consumer_kit.adapters.rabbitmq"):
         await consumer.subscribe(unique_name, inbox, prefetch=1)
     try:
         assert "x-delivery-limit=2 below max_deliveries=5" in caplog.text

@@ -1,7 +1,7 @@
 """A header nested thousands of levels deep never closes the worker's RabbitMQ connection.
 
 pamqp decodes header tables recursively inside aiormq's frame reader: before the guard of
-:mod:`adapters.rabbitmq.wire`, 10,000 levels of AMQP arrays raised RecursionError there and closed
+:mod:`consumer_kit.adapters.rabbitmq.wire`, 10,000 levels of AMQP arrays raised RecursionError there and closed
 the whole connection on every delivery of the message (22 reconnects in 20 s), until the broker's
 delivery limit dead-lettered it without a consumer-kit reason.
 """
@@ -16,8 +16,8 @@ import sys
 import pytest
 from pamqp import decode, encode
 
-from adapters.rabbitmq import wire
 from consumer_kit import App
+from consumer_kit.adapters.rabbitmq import wire
 from consumer_kit.brokers import open_consumer
 from consumer_kit.model.outcomes import Outcome
 from consumer_kit.worker import Worker

@@ -8,8 +8,8 @@ import sys
 import types
 from pathlib import Path
 
-from adapters.memory import MemoryBroker, MemoryConsumer
 from consumer_kit import App, Outcome
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
 from tests.harness import fetch_all, runtime_for, throwaway_schema
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()

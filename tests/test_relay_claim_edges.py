@@ -7,10 +7,10 @@ import uuid
 
 from psycopg import sql
 
-from adapters.memory import MemoryBroker, MemoryPublisher
+from consumer_kit.adapters.memory import MemoryBroker, MemoryPublisher
+from consumer_kit.outbox_relay import Relay, RouteTarget
+from consumer_kit.outbox_relay.store import OutboxStore
 from consumer_kit.stats import StatsReader
-from outbox_relay import Relay, RouteTarget
-from outbox_relay.store import OutboxStore
 from tests.harness import throwaway_schema
 from tests.test_relay_support import Event, connect, relay_settings, write_events
 

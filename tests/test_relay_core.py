@@ -20,11 +20,11 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from adapters.memory import MemoryBroker, MemoryPublisher
+from consumer_kit.adapters.memory import MemoryBroker, MemoryPublisher
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.outbox_relay import Relay, RouteTarget, relay_pending
+from consumer_kit.outbox_relay.store import OutboxStore
 from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
-from outbox_relay import Relay, RouteTarget, relay_pending
-from outbox_relay.store import OutboxStore
 from tests.harness import throwaway_schema
 from tests.test_relay_support import (
     ROOT,
@@ -196,7 +196,7 @@ async def test_a_permanent_publish_error_parks_the_row_at_once_with_the_reply(
         settings = relay_settings(database_url, schema, MEMORY, relay_max_attempts=5,
                                   relay_backoff_base=0.05, relay_backoff_max=0.1)
         relay = Relay(settings, publisher=publisher)
-        with caplog.at_level("INFO", logger="outbox_relay"):
+        with caplog.at_level("INFO", logger="consumer_kit.outbox_relay"):
             await relay.run(once=True)
         assert published_ids(broker) == [str(good)]
         assert publisher.attempts == 1  # parked at once: never tried again
@@ -221,7 +221,7 @@ async def test_backoff_doubles_up_to_the_maximum(database_url: str) -> None:
             (event_id,) = await write_events(conn, schema, [Event("d")])
             store = OutboxStore(schema, relay_id="r1", max_attempts=10, claim_timeout=30,
                                 backoff_base=1.0, backoff_max=5.0)
-            from outbox_relay.store import Failure
+            from consumer_kit.outbox_relay.store import Failure
 
             delays = []
             for _ in range(5):
@@ -246,7 +246,7 @@ async def test_transient_failures_back_off_briefly_and_never_park(database_url: 
             (event_id,) = await write_events(conn, schema, [Event("d", partition_key="k")])
             store = OutboxStore(schema, relay_id="r1", max_attempts=3, claim_timeout=30,
                                 backoff_base=1.0, backoff_max=300.0, transient_backoff_max=2.0)
-            from outbox_relay.store import Failure
+            from consumer_kit.outbox_relay.store import Failure
 
             delays = []
             for _ in range(6):
@@ -375,7 +375,7 @@ async def test_destination_map_routes_and_rejects_unknown_destinations(database_
         # broker (port 1: nothing listens there).
         result = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "outbox_relay.cli", "--once", "--schema", schema],
+            [sys.executable, "-m", "consumer_kit.outbox_relay.cli", "--once", "--schema", schema],
             env={**os.environ, "CONSUMER_KIT_DATABASE_URL": database_url,
                  "CONSUMER_KIT_BROKER_URL": "amqp://guest:guest@127.0.0.1:1/", "PYTHONPATH": str(ROOT),
                  "CONSUMER_KIT_RELAY_DESTINATIONS": json.dumps({"orders": {"exchange": "x"}})},
@@ -435,7 +435,7 @@ async def test_status_command_reports_pending_parked_age_and_rate(database_url: 
                                "created_at = now() - interval '90 seconds' WHERE id = 4")
         result = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "outbox_relay.cli", "status", "--json", "--schema", schema,
+            [sys.executable, "-m", "consumer_kit.outbox_relay.cli", "status", "--json", "--schema", schema,
              "--max-attempts", "5"],
             env={**os.environ, "CONSUMER_KIT_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)},
             capture_output=True, text=True, timeout=60,
@@ -545,7 +545,7 @@ async def test_claims_reach_every_row_past_a_window_of_blocked_ones(database_url
 
 
 def test_relay_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from outbox_relay.settings import RelaySettings
+    from consumer_kit.outbox_relay.settings import RelaySettings
 
     monkeypatch.setenv("CONSUMER_KIT_RELAY_BATCH_SIZE", "17")
     monkeypatch.setenv("CONSUMER_KIT_DB_SCHEMA", "shop")

@@ -1,7 +1,7 @@
 """The relay end to end: real PostgreSQL, real RabbitMQ (issue 3's test list, issue 2's relay part).
 
 RabbitMQ is never stopped: "broker down" is a TCP proxy in front of it (``tests.tcp_proxy``) that
-refuses connections and cuts the open ones. Relay processes are real (``python -m outbox_relay.cli``) where a test kills
+refuses connections and cuts the open ones. Relay processes are real (``python -m consumer_kit.outbox_relay.cli``) where a test kills
 or signals them.
 """
 
@@ -22,12 +22,12 @@ import aio_pika
 import pytest
 from psycopg import sql
 
-from adapters.memory import MemoryBroker, MemoryConsumer
-from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import App, OutgoingMessage
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
+from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.brokers import open_publisher
+from consumer_kit.outbox_relay import Relay, relay_pending
 from examples.invoices.app import CreateInvoiceHandler
-from outbox_relay import Relay, relay_pending
 from tests.harness import runtime_for, throwaway_schema
 from tests.tcp_proxy import TcpProxy
 from tests.test_relay_support import (

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from outbox_relay.settings import RelaySettings
+from consumer_kit.outbox_relay.settings import RelaySettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,7 @@ async def start_relay_process(
     env: dict[str, str] | None = None,
     log: Path | None = None,
 ) -> asyncio.subprocess.Process:
-    """``python -m outbox_relay.cli --schema <schema> <args>`` with the test's URLs."""
+    """``python -m consumer_kit.outbox_relay.cli --schema <schema> <args>`` with the test's URLs."""
     environment = {
         **os.environ,
         "CONSUMER_KIT_DATABASE_URL": database_url,
@@ -201,7 +201,7 @@ async def start_relay_process(
     }
     stderr = open(log, "ab") if log else asyncio.subprocess.DEVNULL
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "outbox_relay.cli", "--schema", schema, *args,
+        sys.executable, "-m", "consumer_kit.outbox_relay.cli", "--schema", schema, *args,
         env=environment, cwd=str(ROOT), stdout=asyncio.subprocess.DEVNULL, stderr=stderr,
     )
 

@@ -19,7 +19,6 @@ import pytest
 from psycopg import sql
 from pydantic import BaseModel
 
-from adapters.memory import MemoryBroker, MemoryConsumer
 from consumer_kit import (
     App,
     ConfigurationError,
@@ -30,6 +29,7 @@ from consumer_kit import (
     PermanentFailure,
     Result,
 )
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
 from consumer_kit.ledger import migrate
 from consumer_kit.ledger.retention import Pruner
 from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from adapters.memory import MemoryBroker, MemoryConsumer
 from consumer_kit import App, ConfigurationError, Outcome
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
 from examples.invoices.app import CreateInvoiceHandler
 from tests.harness import fetch_all, runtime_for, throwaway_schema
 

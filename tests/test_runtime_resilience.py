@@ -28,8 +28,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from adapters.rabbitmq import consumer_from_settings
 from consumer_kit import Context, Outcome, Result
+from consumer_kit.adapters.rabbitmq import consumer_from_settings
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 
-from adapters.servicebus import (
+from consumer_kit.adapters.servicebus import (
     DELIVERIES_PROPERTY,
     ORIGINAL_MESSAGE_ID_PROPERTY,
     Entity,
@@ -27,8 +27,8 @@ from adapters.servicebus import (
     ServiceBusPublisher,
     ServiceBusSettings,
 )
-from adapters.servicebus.connection import Connection
-from adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
+from consumer_kit.adapters.servicebus.connection import Connection
+from consumer_kit.adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
 from consumer_kit.brokers import adapter_for
 from consumer_kit.errors import ConfigurationError
 from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
@@ -95,10 +95,10 @@ def test_broker_settings_that_name_no_single_namespace_are_refused(
 
 
 def test_the_broker_url_schemes_find_this_adapter() -> None:
-    import adapters.servicebus
+    import consumer_kit.adapters.servicebus
 
-    assert adapter_for("servicebus://") is adapters.servicebus
-    assert adapter_for("sb://ns.servicebus.windows.net") is adapters.servicebus
+    assert adapter_for("servicebus://") is consumer_kit.adapters.servicebus
+    assert adapter_for("sb://ns.servicebus.windows.net") is consumer_kit.adapters.servicebus
 
 
 async def test_declare_says_consumer_kit_does_not_create_service_bus_entities() -> None:

@@ -3,7 +3,7 @@ the local test server, real PostgreSQL).
 
 The CLI test is tests/test_dlq.py's on Service Bus: 50 dead letters, 20 of whose operations
 completed meanwhile, are redriven; the other 30 execute once each and the 20 answer as duplicates.
-The others cover what is Service Bus's own (:mod:`adapters.servicebus.dead_letters`): peeking
+The others cover what is Service Bus's own (:mod:`consumer_kit.adapters.servicebus.dead_letters`): peeking
 locks and counts nothing, what a redriven copy carries (session id kept, dead-letter properties
 dropped, the id consumer-kit saw), a message Service Bus moved itself, messages kept or arriving
 during a redrive, a copy that no longer fits, and subscriptions (listed, never redriven).
@@ -22,9 +22,9 @@ from azure.servicebus import ServiceBusClient as SyncClient
 from azure.servicebus import ServiceBusMessage, ServiceBusSubQueue
 from typer.testing import CliRunner
 
-from adapters.servicebus import ServiceBusDeadLetters, dead_letters
 from consumer_kit import Context, Outcome, RetryableError
 from consumer_kit import headers as own
+from consumer_kit.adapters.servicebus import ServiceBusDeadLetters, dead_letters
 from consumer_kit.broker import DeadLetter
 from consumer_kit.cli.main import cli
 from consumer_kit.errors import ConfigurationError

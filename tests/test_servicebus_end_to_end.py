@@ -26,12 +26,12 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from psycopg import sql
 
-from adapters.servicebus import ServiceBusConsumer, ServiceBusPublisher
 from consumer_kit import App, Context, DeliveryReport, Handler, Outcome, Settings
+from consumer_kit.adapters.servicebus import ServiceBusConsumer, ServiceBusPublisher
+from consumer_kit.outbox_relay import Relay
+from consumer_kit.outbox_relay.settings import RelaySettings
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
-from outbox_relay import Relay
-from outbox_relay.settings import RelaySettings
 from tests.broker_env import command
 from tests.harness import fetch_all, throwaway_schema
 from tests.servicebus_server import Queue

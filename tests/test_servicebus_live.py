@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from adapters.servicebus import (
+from consumer_kit.adapters.servicebus import (
     Namespace,
     ServiceBusConsumer,
     ServiceBusDelivery,

@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from azure.servicebus import ServiceBusMessage
 
-from adapters.servicebus import ServiceBusDelivery
+from consumer_kit.adapters.servicebus import ServiceBusDelivery
 from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
     Received,
     SBEnv,

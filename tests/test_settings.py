@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from consumer_kit import Context, Envelope, Handler, Result
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.outbox_relay.settings import OutboxSettings, RelaySettings
 from consumer_kit.settings import DatabaseSettings, Settings, env_name, number, unknown_variables
 from consumer_kit.testing import Harness
-from outbox_relay.settings import OutboxSettings, RelaySettings
 
 
 class _Cmd(BaseModel):
@@ -207,7 +207,7 @@ def test_the_worker_refuses_a_bad_setting_in_one_line_with_exit_code_2(
 
 
 def test_the_relay_names_the_option_that_was_out_of_range(cli_logging: None) -> None:
-    from outbox_relay.cli import app
+    from consumer_kit.outbox_relay.cli import app
 
     result = CliRunner().invoke(app, ["--poll-interval", "0.000001"])
     assert result.exit_code == 2
@@ -258,8 +258,8 @@ async def test_an_idle_relay_at_the_poll_floor_claims_at_most_twenty_times_a_sec
     """RELAY_POLL_INTERVAL=1e-6 made 18,832 empty claims in 4 s; the floor (0.05 s) allows ~20/s.
     Measured over 3 s, not 1 s: the "still polling" bound (half the floor's rate) then leaves 1.5 s,
     not 0.5 s, for the claims themselves and any stall of a loaded machine."""
-    from adapters.memory import MemoryBroker, MemoryPublisher
-    from outbox_relay.relay import Relay
+    from consumer_kit.adapters.memory import MemoryBroker, MemoryPublisher
+    from consumer_kit.outbox_relay.relay import Relay
     from tests.harness import throwaway_schema
 
     idle = 3.0  # seconds

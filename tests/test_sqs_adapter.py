@@ -21,7 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from adapters.sqs import (
+from consumer_kit import OutboxWriter, Settings
+from consumer_kit.adapters.sqs import (
     SQSClient,
     SQSConfig,
     SQSConsumer,
@@ -31,16 +32,15 @@ from adapters.sqs import (
     headers_of,
     sqs_queue_name,
 )
-from adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE
-from adapters.sqs.errors import describe, entry_publish_error
-from adapters.sqs.limits import size_of
-from adapters.sqs.redelivery import GiveBacks
-from adapters.sqs.topology import QueueInfo
-from consumer_kit import OutboxWriter, Settings
+from consumer_kit.adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE
+from consumer_kit.adapters.sqs.errors import describe, entry_publish_error
+from consumer_kit.adapters.sqs.limits import size_of
+from consumer_kit.adapters.sqs.redelivery import GiveBacks
+from consumer_kit.adapters.sqs.topology import QueueInfo
 from consumer_kit.broker import Delivery
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.outbox_relay.relay import relay_pending
 from consumer_kit.publishing import OutgoingMessage
-from outbox_relay.relay import relay_pending
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.harness import throwaway_schema
 from tests.test_rabbitmq_adapter import Inbox  # collects deliveries; next() waits, bounded
@@ -319,7 +319,7 @@ async def test_a_stale_receipt_handle_on_delete_is_counted_and_logged_once(
         intercept(consumer.client, "receive_message", stale)
         await send(sqs, url)
         delivery = await inbox.next()
-        with caplog.at_level(logging.WARNING, logger="adapters.sqs"):
+        with caplog.at_level(logging.WARNING, logger="consumer_kit.adapters.sqs"):
             await delivery.ack()
         assert delivery.lost
         assert consumer.settler.stale_receipts == 1

@@ -2,7 +2,7 @@
 
 The CLI test is tests/test_dlq.py's on SQS: 50 dead letters, 20 of whose operations completed
 meanwhile, are redriven; the other 30 execute once each and the 20 answer as duplicates. The
-others cover what is SQS's own (:mod:`adapters.sqs.dead_letters`): a dead-letter queue shared by
+others cover what is SQS's own (:mod:`consumer_kit.adapters.sqs.dead_letters`): a dead-letter queue shared by
 two work queues, a message SQS moved itself, what a redriven copy carries, FIFO message groups,
 and dead letters that arrive while a redrive runs.
 """
@@ -18,10 +18,10 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from adapters.sqs import SQSClient, SQSConfig, SQSDeadLetters, headers_of
-from adapters.sqs.dead_letters import BROKER_REASON, REDRIVEN_ATTRIBUTE
 from consumer_kit import Context, Outcome, RetryableError
 from consumer_kit import headers as own
+from consumer_kit.adapters.sqs import SQSClient, SQSConfig, SQSDeadLetters, headers_of
+from consumer_kit.adapters.sqs.dead_letters import BROKER_REASON, REDRIVEN_ATTRIBUTE
 from consumer_kit.cli.main import cli
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
@@ -150,7 +150,7 @@ async def make(client: SQSClient, name: str, dlq_arn: str | None = None, max_rec
 
 
 def dead_letter_copy(origin: str, message_id: str, **extra: Any) -> dict[str, Any]:
-    """``send_message`` parameters of a dead-letter copy as :class:`~adapters.sqs.SQSDelivery` sends it."""
+    """``send_message`` parameters of a dead-letter copy as :class:`~consumer_kit.adapters.sqs.SQSDelivery` sends it."""
     attributes = {
         "x-dead-letter-reason": REASON, "x-dead-letter-detail": "RetryableError on attempt 3 of 3",
         "x-original-queue": origin, "x-consumer-kit-deliveries": "3", "x-consumer-kit-message-id": message_id,

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from consumer_kit import App, Context, Outcome, RetryableError
 from consumer_kit.cli.main import cli
 from consumer_kit.cli.stats import _age
+from consumer_kit.outbox_relay import Relay, RelaySettings
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
-from outbox_relay import Relay, RelaySettings
 from tests.broker_env import Env, command
 from tests.harness import fetch_all
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from adapters.memory import get_broker
 from consumer_kit import App, DeliveryReport, Settings, supervised
+from consumer_kit.adapters.memory import get_broker
 from consumer_kit.supervised import Supervised
 from consumer_kit.worker import Worker
 from tests.harness import throwaway_schema
@@ -169,7 +169,7 @@ def test_build_delivery_turns_any_failure_into_the_adapters_dead_letter(caplog: 
 
 
 async def test_a_message_the_memory_adapter_cannot_map_is_dead_lettered_and_the_next_runs() -> None:
-    from adapters.memory import MemoryConsumer, StoredMessage
+    from consumer_kit.adapters.memory import MemoryConsumer, StoredMessage
 
     class Unmappable(StoredMessage):
         @property  # type: ignore[override]

@@ -17,11 +17,11 @@ from opentelemetry.trace import SpanKind
 
 from consumer_kit import App, Context, Handler, Outcome, Result
 from consumer_kit.cli.console import OWN_LOGGERS
+from consumer_kit.outbox_relay import Relay, RelaySettings
 from consumer_kit.telemetry.describe import describe_error, describe_traceback
 from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 from consumer_kit.telemetry.metrics import CATALOGUE, OUTCOME_COUNTERS, QUEUE
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler, InvoiceCreated
-from outbox_relay import Relay, RelaySettings
 from tests.broker_env import Env, command
 from tests.telemetry_kit import Telemetry
 

@@ -17,12 +17,12 @@ import aiormq
 import pytest
 from pydantic import BaseModel
 
-from adapters.memory import MemoryBroker, MemoryConsumer
-from adapters.rabbitmq import RabbitMQDelivery, RabbitMQPublisher
-from adapters.rabbitmq.envelope import SENDER_HEADER, sender_of, user_of_url
-from adapters.sqs import SQSDelivery
 from consumer_kit import App, ConfigurationError, Context, Handler, Outcome, Result, RetryableError
 from consumer_kit import headers as own
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
+from consumer_kit.adapters.rabbitmq import RabbitMQDelivery, RabbitMQPublisher
+from consumer_kit.adapters.rabbitmq.envelope import SENDER_HEADER, sender_of, user_of_url
+from consumer_kit.adapters.sqs import SQSDelivery
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
 from tests.contract.test_relayed_age import relayed
 from tests.harness import fetch_all, runtime_for, throwaway_schema

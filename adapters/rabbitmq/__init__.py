@@ -34,7 +34,7 @@ module              job (the words before the dash are the same in every adapter
 
 Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``<queue>.dlq``),
 ``<queue>.dlq`` and one ``<queue>.retry.<ms>ms`` per retry delay tier; details in
-:mod:`adapters.rabbitmq.topology`.
+:mod:`consumer_kit.adapters.rabbitmq.topology`.
 
 **Broker delivery limit: a loop guard only.** Quorum work queues get
 ``x-delivery-limit = max(50, 5 * (max_deliveries + crash_limit))``
@@ -42,9 +42,9 @@ Topology (per work queue ``<queue>``): ``<queue>`` (quorum, dead-lettering to ``
 broker count a graceful give-back: ``release`` republishes an uncounted copy instead of
 ``basic.nack(requeue=True)``, so only lost settlements and dead workers move the broker's count.
 
-**Delivery count and suspects.** ``delivery_count`` follows :mod:`adapters.rabbitmq.envelope`;
+**Delivery count and suspects.** ``delivery_count`` follows :mod:`consumer_kit.adapters.rabbitmq.envelope`;
 ``redelivered`` is the broker's flag or ``x-consumer-kit-redelivered`` (a released suspect stays
-one). Settlement details: :mod:`adapters.rabbitmq.delivery`.
+one). Settlement details: :mod:`consumer_kit.adapters.rabbitmq.delivery`.
 
 **One message never closes a shared connection.** Every publish (the relay's, and the retry,
 release and dead-letter copies) is measured first: the encoded properties and headers against the
@@ -54,7 +54,7 @@ default 128 MiB). The relay's publisher refuses an oversized event with a perman
 fit drops, largest first, the headers that are neither consumer-kit's nor the operation's; if it
 still does not fit, retry and release fall back to ``basic.nack(requeue=True)`` and a dead-letter
 is ``basic.reject(requeue=False)``-ed into the work queue's own dead-letter exchange. Exchange
-declarations and suspect publishes run on channels of their own (:mod:`adapters.rabbitmq.publisher`).
+declarations and suspect publishes run on channels of their own (:mod:`consumer_kit.adapters.rabbitmq.publisher`).
 
 Entry points (``consumer_kit.brokers``, schemes ``amqp``/``amqps``): :func:`consumer_from_settings`,
 :func:`publisher_from_settings`, :func:`dead_letters_from_settings`.
@@ -64,11 +64,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.rabbitmq.config import SCHEMES, RabbitMQConfig
-from adapters.rabbitmq.consumer import RabbitMQConsumer
-from adapters.rabbitmq.dead_letters import RabbitMQDeadLetters
-from adapters.rabbitmq.delivery import RabbitMQDelivery
-from adapters.rabbitmq.envelope import (
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.settings import Settings
+
+from .config import SCHEMES, RabbitMQConfig
+from .consumer import RabbitMQConsumer
+from .dead_letters import RabbitMQDeadLetters
+from .delivery import RabbitMQDelivery
+from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
     DELIVERIES_HEADER,
@@ -77,11 +80,9 @@ from adapters.rabbitmq.envelope import (
     TRIMMED_HEADER,
     delivery_count_of,
 )
-from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
-from adapters.rabbitmq.publisher import RabbitMQPublisher
-from adapters.rabbitmq.topology import QUEUE_TYPES, broker_delivery_limit
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER
-from consumer_kit.settings import Settings
+from .limits import DEFAULT_MAX_MESSAGE_SIZE
+from .publisher import RabbitMQPublisher
+from .topology import QUEUE_TYPES, broker_delivery_limit
 
 __all__ = [
     "DEAD_LETTER_DETAIL_HEADER",
@@ -109,7 +110,7 @@ __all__ = [
 
 def consumer_from_settings(settings: Settings) -> RabbitMQConsumer:
     """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``settings``
-    (:class:`~adapters.rabbitmq.config.RabbitMQConfig` says what it reads)."""
+    (:class:`~consumer_kit.adapters.rabbitmq.config.RabbitMQConfig` says what it reads)."""
     config = RabbitMQConfig.from_settings(settings)
     return RabbitMQConsumer(
         config.url,
@@ -134,7 +135,8 @@ def dead_letters_from_settings(settings: Settings) -> RabbitMQDeadLetters:
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    import adapters.rabbitmq
     from consumer_kit.brokers import DeadLetterAdapter
 
-    _PROVIDES: DeadLetterAdapter = adapters.rabbitmq
+    from .. import rabbitmq as this_module
+
+    _PROVIDES: DeadLetterAdapter = this_module

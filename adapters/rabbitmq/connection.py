@@ -16,9 +16,10 @@ from tenacity import (
     wait_exponential,
 )
 
-from adapters.rabbitmq import wire
-from adapters.rabbitmq.errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
 from consumer_kit.redaction import redact_url
+
+from . import wire
+from .errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ async def open_connection(url: str, *, timeout: float, name: str) -> AbstractCon
         VhostUnavailable: the URL's vhost does not exist or the user may not use it.
         aiormq.exceptions.AMQPConnectionError, OSError, TimeoutError: no connection.
     """
-    wire.install()  # no message's headers may close this connection (adapters.rabbitmq.wire)
+    wire.install()  # no message's headers may close this connection (consumer_kit.adapters.rabbitmq.wire)
     try:
         return await aio_pika.connect(
             url, timeout=timeout, client_properties={"connection_name": name}

@@ -25,7 +25,11 @@ from typing import Any
 from aio_pika.abc import AbstractConnection
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from adapters.rabbitmq.connection import (
+from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
+from consumer_kit.redaction import redact_url
+from consumer_kit.supervised import Supervised, all_running
+
+from .connection import (
     BACKOFF,
     close_quietly,
     connect_retrying,
@@ -33,13 +37,10 @@ from adapters.rabbitmq.connection import (
     log_retries,
     open_connection,
 )
-from adapters.rabbitmq.delivery import RabbitMQDelivery
-from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE
-from adapters.rabbitmq.subscription import Subscription
-from adapters.rabbitmq.topology import QueueDeclarer, QueueNames, broker_delivery_limit
-from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
-from consumer_kit.redaction import redact_url
-from consumer_kit.supervised import Supervised, all_running
+from .delivery import RabbitMQDelivery
+from .limits import DEFAULT_MAX_MESSAGE_SIZE
+from .subscription import Subscription
+from .topology import QueueDeclarer, QueueNames, broker_delivery_limit
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class RabbitMQConsumer(Consumer):
     # -- Consumer API ------------------------------------------------------------------------
 
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
-        """Declare ``queue``'s topology (see :mod:`adapters.rabbitmq.topology`) and start
+        """Declare ``queue``'s topology (see :mod:`consumer_kit.adapters.rabbitmq.topology`) and start
         consuming it with at most ``prefetch`` unacked deliveries, calling ``callback`` once per
         delivery in its own task (not while paused).
 
@@ -170,7 +171,7 @@ class RabbitMQConsumer(Consumer):
 
     async def declare(self, queue: str) -> list[str]:
         """Declare ``queue``'s topology exactly as :meth:`subscribe` does (DLQ, one retry queue
-        per delay tier, the work queue; :mod:`adapters.rabbitmq.topology`), without consuming.
+        per delay tier, the work queue; :mod:`consumer_kit.adapters.rabbitmq.topology`), without consuming.
         Returns the names, work queue first.
 
         Raises:

@@ -26,8 +26,14 @@ import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from adapters.rabbitmq.connection import close_quietly, open_connection
-from adapters.rabbitmq.envelope import (
+from consumer_kit import headers as own
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
+from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import ConfigurationError
+
+from .connection import close_quietly, open_connection
+from .envelope import (
     BROKER_COUNT_HEADER,
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
@@ -37,12 +43,7 @@ from adapters.rabbitmq.envelope import (
     TRIMMED_HEADER,
     user_of_url,
 )
-from adapters.rabbitmq.errors import describe
-from consumer_kit import headers as own
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
-from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
-from consumer_kit.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from .errors import describe
 
 logger = logging.getLogger(__name__)
 

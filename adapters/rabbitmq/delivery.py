@@ -40,8 +40,11 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
-from adapters.rabbitmq.connection import close_channel_soon
-from adapters.rabbitmq.envelope import (
+from consumer_kit import headers as own_headers
+from consumer_kit.broker import Delivery
+
+from .connection import close_channel_soon
+from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
     DELIVERIES_HEADER,
@@ -54,10 +57,8 @@ from adapters.rabbitmq.envelope import (
     own_user_of,
     sender_of,
 )
-from adapters.rabbitmq.limits import Unsendable, fit_headers, frame_max_of
-from adapters.rabbitmq.topology import QueueNames
-from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery
+from .limits import Unsendable, fit_headers, frame_max_of
+from .topology import QueueNames
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class RabbitMQDelivery(Delivery):
 
     ``redelivered`` is the broker's own flag or the ``x-consumer-kit-redelivered`` header of a
     released suspect; ``correlation_id`` is the AMQP ``correlation_id`` property; ``sender`` the
-    validated ``user_id`` (or, on a copy, the sender it carries: :mod:`adapters.rabbitmq.envelope`); ``partition_key``
+    validated ``user_id`` (or, on a copy, the sender it carries: :mod:`consumer_kit.adapters.rabbitmq.envelope`); ``partition_key``
     and ``enqueued_at`` are ``None`` (RabbitMQ has no ordering key and records no enqueue time).
 
     Args:
@@ -224,7 +225,7 @@ class RabbitMQDelivery(Delivery):
 
     def _properties(self, headers: dict[str, Any]) -> Basic.Properties:
         """The original's properties with ``headers``, persistent, without an expiration; sent as
-        the worker's own user, with the original's sender (module :mod:`adapters.rabbitmq.envelope`)."""
+        the worker's own user, with the original's sender (module :mod:`consumer_kit.adapters.rabbitmq.envelope`)."""
         original = self._message
         if self._own_user is not None:
             headers = {**headers, SENDER_HEADER: self.sender or ""}

@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 
 import aiormq.exceptions
 
-from adapters.rabbitmq.config import vhost_of
 from consumer_kit.publishing import PublishError
+
+from .config import vhost_of
 
 
 class VhostUnavailable(ConnectionError):

@@ -25,7 +25,7 @@ from aiormq.abc import AbstractChannel
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
-from adapters.rabbitmq.envelope import TRIMMED_HEADER, is_kept
+from .envelope import TRIMMED_HEADER, is_kept
 
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 """Bytes: RabbitMQ 3.10's default ``max_message_size``."""
@@ -132,7 +132,7 @@ def fit_headers(
 ) -> tuple[Basic.Properties, list[str]]:
     """The properties of a copy with ``headers`` that fit the frame, and the names of the headers
     left out to make it fit (largest first; never consumer-kit's own nor the operation headers,
-    see :func:`adapters.rabbitmq.envelope.is_kept`). A trimmed copy says how many it lost in
+    see :func:`consumer_kit.adapters.rabbitmq.envelope.is_kept`). A trimmed copy says how many it lost in
     ``x-consumer-kit-trimmed-headers``.
 
     Raises:

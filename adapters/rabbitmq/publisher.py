@@ -5,7 +5,7 @@ Three channels on one connection, each for one job:
 
 * the **publishing channel** carries every publish (confirms, ``mandatory``), many in flight;
 * each **declaration** runs on a short-lived channel of its own
-  (:func:`~adapters.rabbitmq.topology.declare_topic_exchange`): a destination that exists as
+  (:func:`~consumer_kit.adapters.rabbitmq.topology.declare_topic_exchange`): a destination that exists as
   another exchange type (406) or is refused (403) closes only that channel, and the row is
   refused at once with the broker's reply text;
 * an **isolated publish** (a short-lived channel of its own) for a destination whose publish
@@ -15,7 +15,7 @@ Three channels on one connection, each for one job:
 
 Before any of that, the message's encoded properties and headers are checked against the
 connection's negotiated ``frame_max`` and its body against ``max_message_size``
-(:mod:`adapters.rabbitmq.limits`): too large is permanent, and never sent.
+(:mod:`consumer_kit.adapters.rabbitmq.limits`): too large is permanent, and never sent.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
-from adapters.rabbitmq.connection import close_quietly, connect_retrying, is_open, open_connection
-from adapters.rabbitmq.envelope import user_of_url
-from adapters.rabbitmq.errors import describe, is_refusal, publish_error, reply_of
-from adapters.rabbitmq.limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
-from adapters.rabbitmq.topology import declare_topic_exchange
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, headers_to_send
+
+from .connection import close_quietly, connect_retrying, is_open, open_connection
+from .envelope import user_of_url
+from .errors import describe, is_refusal, publish_error, reply_of
+from .limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
+from .topology import declare_topic_exchange
 
 logger = logging.getLogger(__name__)
 

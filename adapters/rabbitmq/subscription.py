@@ -15,11 +15,12 @@ from typing import Any
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from adapters.rabbitmq.connection import close_channel_soon
-from adapters.rabbitmq.delivery import RabbitMQDelivery
-from adapters.rabbitmq.errors import describe
-from adapters.rabbitmq.topology import QueueDeclarer, QueueNames
 from consumer_kit.broker import DeliveryCallback, build_delivery
+
+from .connection import close_channel_soon
+from .delivery import RabbitMQDelivery
+from .errors import describe
+from .topology import QueueDeclarer, QueueNames
 
 logger = logging.getLogger(__name__)
 

@@ -68,7 +68,7 @@ publish         ``message_id`` = event id, ``session_id`` = partition key, ``sub
 **redelivered.** Service Bus raises ``delivery_count`` on abandon and on lock expiry alike. A
 redelivery counts as our own give-back only when this process abandoned that very message (entity,
 sequence number) and the count is exactly the next one; anything else is a suspect
-(:mod:`adapters.servicebus.redelivery`). A real crash is never missed; a message abandoned by
+(:mod:`consumer_kit.adapters.servicebus.redelivery`). A real crash is never missed; a message abandoned by
 another process, or by this one before a restart (a release on a session entity or a
 subscription, a ``retry(0)``), is a false suspect, which costs only running alone once. Releases
 on plain queues are copies and never make a suspect.
@@ -91,16 +91,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.servicebus.config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings
-from adapters.servicebus.consumer import ServiceBusConsumer
-from adapters.servicebus.counters import ConsumerCounters
-from adapters.servicebus.dead_letters import ServiceBusDeadLetters
-from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.envelope import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY
-from adapters.servicebus.publisher import ServiceBusPublisher
-from adapters.servicebus.redelivery import GiveBacks
-from adapters.servicebus.topology import Entity
 from consumer_kit.settings import Settings
+
+from .config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings
+from .consumer import ServiceBusConsumer
+from .counters import ConsumerCounters
+from .dead_letters import ServiceBusDeadLetters
+from .delivery import ServiceBusDelivery
+from .envelope import DELIVERIES_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY
+from .publisher import ServiceBusPublisher
+from .redelivery import GiveBacks
+from .topology import Entity
 
 __all__ = [
     "DELIVERIES_PROPERTY",
@@ -125,7 +126,7 @@ __all__ = [
 def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
     """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
     (``settle_timeout`` bounds settlements) and the ``CONSUMER_KIT_SERVICEBUS_*`` settings
-    (:class:`~adapters.servicebus.config.ServiceBusConfig`).
+    (:class:`~consumer_kit.adapters.servicebus.config.ServiceBusConfig`).
 
     Raises:
         ConfigurationError: the URL and the connection string do not name a namespace.
@@ -157,7 +158,7 @@ def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
 def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
     """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
     subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
-    :mod:`adapters.servicebus.dead_letters`); a redrive's receive waits
+    :mod:`consumer_kit.adapters.servicebus.dead_letters`); a redrive's receive waits
     ``CONSUMER_KIT_SERVICEBUS_RECEIVE_WAIT`` seconds.
 
     Raises:
@@ -168,7 +169,8 @@ def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    import adapters.servicebus
     from consumer_kit.brokers import DeadLetterAdapter
 
-    _PROVIDES: DeadLetterAdapter = adapters.servicebus
+    from .. import servicebus as this_module
+
+    _PROVIDES: DeadLetterAdapter = this_module

@@ -4,7 +4,7 @@ The relay publishes the rows of a pass concurrently, one ``publish()`` each. Eve
 same queue or topic joins that entity's :class:`EntityBatcher`; its flush task starts on the first
 one and, after letting the others of the same pass join (one turn of the event loop), packs what
 waits into batches (at most ``max_messages`` each, bounded by the link's limits, see
-:mod:`adapters.servicebus.limits`) and sends them one after the other. Each publish learns its own
+:mod:`consumer_kit.adapters.servicebus.limits`) and sends them one after the other. Each publish learns its own
 outcome:
 
 * sent: every message of the batch is confirmed;
@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
-from adapters.servicebus.connection import close_quietly
-from adapters.servicebus.errors import describe, is_refusal, publish_error
-from adapters.servicebus.limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
-from adapters.servicebus.topology import sender_for
 from consumer_kit.publishing import PublishError
+
+from .connection import close_quietly
+from .errors import describe, is_refusal, publish_error
+from .limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
+from .topology import sender_for
 
 logger = logging.getLogger(__name__)
 

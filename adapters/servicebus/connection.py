@@ -17,9 +17,10 @@ from typing import Any
 from azure.servicebus.aio import ServiceBusClient
 from tenacity import wait_exponential
 
-from adapters.servicebus.config import Namespace
-from adapters.servicebus.errors import describe
 from consumer_kit.errors import ConfigurationError
+
+from .config import Namespace
+from .errors import describe
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """The consuming side of Service Bus: one pump per subscribed entity, pause and resume, shutdown.
 
-Each subscribed name becomes an :class:`~adapters.servicebus.subscription.EntityPump` (a queue or a
-subscription) or, when it requires sessions, :class:`~adapters.servicebus.sessions.SessionPumps`.
+Each subscribed name becomes an :class:`~consumer_kit.adapters.servicebus.subscription.EntityPump` (a queue or a
+subscription) or, when it requires sessions, :class:`~consumer_kit.adapters.servicebus.sessions.SessionPumps`.
 Every delivery runs its callback in a task of the consumer's own; every lock it holds is renewed
-by one :class:`~adapters.servicebus.renewal.LockKeeper` until released.
+by one :class:`~consumer_kit.adapters.servicebus.renewal.LockKeeper` until released.
 """
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from adapters.servicebus.config import Namespace
-from adapters.servicebus.connection import Connection
-from adapters.servicebus.counters import ConsumerCounters
-from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.errors import describe
-from adapters.servicebus.redelivery import DEFAULT_CAPACITY, GiveBacks
-from adapters.servicebus.renewal import LockKeeper
-from adapters.servicebus.sessions import SessionPumps
-from adapters.servicebus.subscription import EntityPump, PumpContext
-from adapters.servicebus.topology import Entity, not_created_here
 from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
+
+from .config import Namespace
+from .connection import Connection
+from .counters import ConsumerCounters
+from .delivery import ServiceBusDelivery
+from .errors import describe
+from .redelivery import DEFAULT_CAPACITY, GiveBacks
+from .renewal import LockKeeper
+from .sessions import SessionPumps
+from .subscription import EntityPump, PumpContext
+from .topology import Entity, not_created_here
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +32,14 @@ class ServiceBusConsumer(Consumer):
     """Consume Service Bus queues and topic subscriptions in peek-lock mode.
 
     Args:
-        namespace: where and how to sign in (:class:`~adapters.servicebus.config.Namespace`).
+        namespace: where and how to sign in (:class:`~consumer_kit.adapters.servicebus.config.Namespace`).
         session_entities: subscribed names that require sessions.
         settle_timeout: seconds; the bound on each settlement, renewal and close.
         receive_wait: seconds one receive call waits for a first message (and one session accept
             for a session with messages); bounds how long pause and shutdown wait for a receive.
         connect_timeout: seconds opening one receiver may take.
         give_back_capacity: how many of its own abandons the consumer remembers
-            (:mod:`adapters.servicebus.redelivery`).
+            (:mod:`consumer_kit.adapters.servicebus.redelivery`).
         renew_locks: renew every held lock (the default). ``False`` only for tests that need a lock
             to lapse under a running handler.
 
@@ -46,7 +47,7 @@ class ServiceBusConsumer(Consumer):
         ValueError: on invalid arguments.
 
     Attributes:
-        counters: :class:`~adapters.servicebus.counters.ConsumerCounters`.
+        counters: :class:`~consumer_kit.adapters.servicebus.counters.ConsumerCounters`.
         give_backs: this consumer's own abandons.
     """
 

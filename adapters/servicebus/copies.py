@@ -9,15 +9,15 @@ import datetime as dt
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
-from adapters.servicebus.connection import close_quietly
-from adapters.servicebus.limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
-from adapters.servicebus.topology import sender_for
+from .connection import close_quietly
+from .limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
+from .topology import sender_for
 
 
 class Copies:
     """Sends copies into ``queue``: at once (``send_messages``) or scheduled (``schedule_messages``),
     one at a time: the SDK neither opens one sender concurrently nor keeps concurrent transfers and
-    management requests on one link in order (see :class:`~adapters.servicebus.route.Route`).
+    management requests on one link in order (see :class:`~consumer_kit.adapters.servicebus.route.Route`).
 
     Args:
         client: the consumer's client (the sender opens a connection of its own).
@@ -37,7 +37,7 @@ class Copies:
         (aware UTC). No timeout here: the delivery's settlement bound covers the call.
 
         Raises:
-            adapters.servicebus.limits.TooLarge: the copy does not fit the queue's limits (not sent).
+            consumer_kit.adapters.servicebus.limits.TooLarge: the copy does not fit the queue's limits (not sent).
             azure.servicebus.exceptions.ServiceBusError: the broker refused it or the link failed
                 (the sender is re-opened on the next call).
         """

@@ -27,7 +27,7 @@ message adds one. Service Bus keeps no dead-letter time: ``dead_lettered_at`` is
    start line: messages dead-lettered after it are left for the next redrive. A dry run ends here.
 2. *Move*: receive in peek-lock, oldest first, at most as many at a time as chosen messages are
    still missing. A chosen message gets a copy sent to the queue
-   (:func:`~adapters.servicebus.envelope.redrive_copy_of`: same body, session id, correlation id,
+   (:func:`~consumer_kit.adapters.servicebus.envelope.redrive_copy_of`: same body, session id, correlation id,
    subject and application properties, no dead-letter properties, its delivery count starting
    again) and is completed **only after** Service Bus accepted the send: at least once (a crash in
    between leaves it in both places; the ledger answers the second as a duplicate). Every other
@@ -58,23 +58,24 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
-from adapters.servicebus.config import Namespace
-from adapters.servicebus.connection import Connection, close_quietly
-from adapters.servicebus.envelope import (
+from consumer_kit import headers as own
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
+from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import ConfigurationError
+
+from .config import Namespace
+from .connection import Connection, close_quietly
+from .envelope import (
     DELIVERIES_PROPERTY,
     body_of,
     headers_of,
     message_id_of,
     redrive_copy_of,
 )
-from adapters.servicebus.errors import LOCK_LOST, dead_letter_error, describe, is_refusal
-from adapters.servicebus.limits import TooLarge, check_fits_alone
-from adapters.servicebus.topology import Entity, sender_for
-from consumer_kit import headers as own
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
-from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
-from consumer_kit.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from .errors import LOCK_LOST, dead_letter_error, describe, is_refusal
+from .limits import TooLarge, check_fits_alone
+from .topology import Entity, sender_for
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ settlement     on Service Bus
 =============  =====================================================================================
 ack            ``complete_message``
 retry(0)       ``abandon_message`` (remembered as our own give-back, see
-               :mod:`adapters.servicebus.redelivery`)
+               :mod:`consumer_kit.adapters.servicebus.redelivery`)
 retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_messages``), then
                ``complete_message`` the original. A session queue or a subscription (which cannot
                take a copy in order, or at all): the lock is *held*, renewed, for ``delay``
@@ -21,7 +21,7 @@ release        a queue: an **uncounted copy** sent at once (``x-consumer-kit-del
                entity's ``MaxDeliveryCount`` nor make the next delivery a suspect, in any process.
                A session queue or a subscription: ``abandon_message``, remembered as our own
                give-back (Service Bus counts it; the next delivery is a suspect in any other
-               process, see :mod:`adapters.servicebus.redelivery`)
+               process, see :mod:`consumer_kit.adapters.servicebus.redelivery`)
 =============  =====================================================================================
 
 **A lost lock ends it.** Once Service Bus reports the lock lost (``MessageLockLostError``, or
@@ -34,7 +34,7 @@ answers it as a duplicate when its transaction had committed. Counted as ``locks
 long, and a release leaves no count behind, but a copy is a new message: a new sequence number (it
 leaves the queue's order), a new message id (the original's is kept in
 ``x-consumer-kit-message-id``: duplicate detection must not drop the copy), and the deliveries so
-far in ``x-consumer-kit-deliveries`` (:mod:`adapters.servicebus.envelope`). The copy is sent
+far in ``x-consumer-kit-deliveries`` (:mod:`consumer_kit.adapters.servicebus.envelope`). The copy is sent
 before the original is completed (at least once): if the completion fails, both come back and the
 ledger answers the second as a duplicate. A copy too large for the queue, or refused, is not sent:
 the original is abandoned at once instead (a retry's delay is lost, not the message; counted
@@ -54,7 +54,10 @@ from collections.abc import Awaitable, Callable
 from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-from adapters.servicebus.envelope import (
+from consumer_kit import headers as own_headers
+from consumer_kit.broker import Delivery
+
+from .envelope import (
     as_sent,
     body_of,
     copy_of,
@@ -64,12 +67,10 @@ from adapters.servicebus.envelope import (
     message_id_of,
     schedule_time,
 )
-from adapters.servicebus.errors import LOCK_LOST, describe, is_refusal
-from adapters.servicebus.limits import TooLarge
-from adapters.servicebus.renewal import Renewal
-from adapters.servicebus.route import Route
-from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery
+from .errors import LOCK_LOST, describe, is_refusal
+from .limits import TooLarge
+from .renewal import Renewal
+from .route import Route
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,8 @@ class LockAlreadyLost(Exception):
 class ServiceBusDelivery(Delivery):
     """One Service Bus delivery (settlement table in the module docstring).
 
-    ``delivery_count`` and ``message_id`` follow :mod:`adapters.servicebus.envelope`;
-    ``redelivered`` follows :mod:`adapters.servicebus.redelivery`; ``correlation_id`` is the
+    ``delivery_count`` and ``message_id`` follow :mod:`consumer_kit.adapters.servicebus.envelope`;
+    ``redelivered`` follows :mod:`consumer_kit.adapters.servicebus.redelivery`; ``correlation_id`` is the
     message's correlation id; ``partition_key`` its session id; ``enqueued_at`` its enqueued time.
 
     Args:

@@ -2,8 +2,8 @@
 
 ``message.destination`` names a queue or a topic; destination ``""`` means the routing key names a
 queue (commands, tests), as RabbitMQ's default exchange does. The message itself is built by
-:func:`adapters.servicebus.envelope.outgoing_message`; batching, size checks and outcomes per
-publish are :mod:`adapters.servicebus.batching`'s.
+:func:`consumer_kit.adapters.servicebus.envelope.outgoing_message`; batching, size checks and outcomes per
+publish are :mod:`consumer_kit.adapters.servicebus.batching`'s.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from adapters.servicebus.batching import EntityBatcher, Pending
-from adapters.servicebus.config import Namespace
-from adapters.servicebus.connection import Connection
-from adapters.servicebus.envelope import outgoing_message
-from adapters.servicebus.topology import not_created_here
 from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
+
+from .batching import EntityBatcher, Pending
+from .config import Namespace
+from .connection import Connection
+from .envelope import outgoing_message
+from .topology import not_created_here
 
 logger = logging.getLogger(__name__)
 

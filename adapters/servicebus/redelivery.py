@@ -6,7 +6,7 @@ alone does not say whether a worker died holding the message (a *suspect*: the r
 alone and count a possible crash) or the adapter gave it back itself: ``retry(0)``, the end of a
 held retry, a release on a session entity or a subscription, or a copy that could not be sent.
 (On a plain queue a release is an uncounted copy: its next delivery has ``delivery_count`` 0 and
-is told apart without any memory, see :mod:`adapters.servicebus.delivery`.)
+is told apart without any memory, see :mod:`consumer_kit.adapters.servicebus.delivery`.)
 
 The adapter remembers each abandon it makes: entity, sequence number and the ``delivery_count``
 the next delivery must then have. A redelivery is *ours* only when it matches a remembered

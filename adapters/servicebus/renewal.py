@@ -2,7 +2,7 @@
 
 What is held: each unsettled delivery of a queue or subscription (its message lock, from the
 moment it is received: a delivery waiting for a slot, behind a message that runs alone, keeps its
-lock too), each delivery whose delayed retry is being held (:mod:`adapters.servicebus.delivery`),
+lock too), each delivery whose delayed retry is being held (:mod:`consumer_kit.adapters.servicebus.delivery`),
 and each session a session receiver holds (its session lock covers its messages).
 
 Timing: the next renewal is due when half of the time left on the lock (its ``locked_until``, from

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
 
-from adapters.servicebus.copies import Copies
-from adapters.servicebus.counters import ConsumerCounters
-from adapters.servicebus.errors import LOCK_LOST, describe
-from adapters.servicebus.redelivery import GiveBacks
-from adapters.servicebus.renewal import Renewal
-from adapters.servicebus.topology import Entity
+from .copies import Copies
+from .counters import ConsumerCounters
+from .errors import LOCK_LOST, describe
+from .redelivery import GiveBacks
+from .renewal import Renewal
+from .topology import Entity
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class Route:
     Attributes:
         entity: the queue or subscription.
         receiver: the SDK receiver that locked the message (settlement goes through it).
-        give_backs: this process's abandons (``redelivered``, see :mod:`adapters.servicebus.redelivery`).
+        give_backs: this process's abandons (``redelivered``, see :mod:`consumer_kit.adapters.servicebus.redelivery`).
         counters: the consumer's counters.
         copies: sends retry and release copies (queues without sessions), else ``None``.
         session: the session lock covering the message (session entities), else ``None``.

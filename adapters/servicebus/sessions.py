@@ -5,7 +5,7 @@ runs ``prefetch`` *session slots* per entity; each slot, over and over:
 
 1. accepts the next available session (``session_id=NEXT_AVAILABLE_SESSION``, waiting up to
    ``receive_wait`` seconds for one to have messages) and keeps its session lock renewed
-   (:class:`~adapters.servicebus.route.SessionLock`, by the lock keeper);
+   (:class:`~consumer_kit.adapters.servicebus.route.SessionLock`, by the lock keeper);
 2. receives **one** message, hands it to the worker and waits until it is released (settled, or a
    held retry given back) before it receives the next: one session's messages are handled one at a
    time, in order, whatever the worker's concurrency; different sessions run in parallel, up to
@@ -16,7 +16,7 @@ runs ``prefetch`` *session slots* per entity; each slot, over and over:
    session lock is lost (``SessionLockLostError``: the delivery is no longer ours, never acked).
 
 A delayed retry of a session message is held (lock renewed, then abandoned when the delay is over,
-see :mod:`adapters.servicebus.delivery`): the abandoned message is again the first of its
+see :mod:`consumer_kit.adapters.servicebus.delivery`): the abandoned message is again the first of its
 session, so order is kept. The session id is the delivery's ``partition_key``. Each accepted
 session is a new SDK receiver, hence a new AMQP connection: switching sessions costs a connection
 set-up (the SDK shares none).
@@ -32,14 +32,15 @@ from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError
 from tenacity import AsyncRetrying, RetryCallState
 
-from adapters.servicebus.connection import BACKOFF, close_quietly
-from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.errors import LOCK_LOST, describe
-from adapters.servicebus.route import Route, SessionLock
-from adapters.servicebus.subscription import PumpContext, dead_letter_raw, log_attempt, wait_unlocked
-from adapters.servicebus.topology import Entity
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.supervised import Supervised, all_running
+
+from .connection import BACKOFF, close_quietly
+from .delivery import ServiceBusDelivery
+from .errors import LOCK_LOST, describe
+from .route import Route, SessionLock
+from .subscription import PumpContext, dead_letter_raw, log_attempt, wait_unlocked
+from .topology import Entity
 
 logger = logging.getLogger(__name__)
 

@@ -25,18 +25,19 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from tenacity import AsyncRetrying, RetryCallState
 
-from adapters.servicebus.connection import BACKOFF, close_quietly
-from adapters.servicebus.copies import Copies
-from adapters.servicebus.counters import ConsumerCounters
-from adapters.servicebus.delivery import ServiceBusDelivery
-from adapters.servicebus.errors import describe
-from adapters.servicebus.redelivery import GiveBacks
-from adapters.servicebus.renewal import LockKeeper
-from adapters.servicebus.route import Route
-from adapters.servicebus.topology import Entity
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.errors import DeadLetterReason
 from consumer_kit.supervised import Supervised
+
+from .connection import BACKOFF, close_quietly
+from .copies import Copies
+from .counters import ConsumerCounters
+from .delivery import ServiceBusDelivery
+from .errors import describe
+from .redelivery import GiveBacks
+from .renewal import LockKeeper
+from .route import Route
+from .topology import Entity
 
 logger = logging.getLogger(__name__)
 

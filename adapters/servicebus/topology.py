@@ -7,7 +7,7 @@ An app subscribes names (``app.subscribe("invoices.commands", ...)``). On Servic
   ``<topic>/Subscriptions/<subscription>`` (``billing.events/Subscriptions/ledger``).
 
 The dead-letter sub-queue of either is ``<path>/$DeadLetterQueue``. Entities listed in
-``CONSUMER_KIT_SERVICEBUS_SESSION_ENTITIES`` require sessions (see :mod:`adapters.servicebus.sessions`).
+``CONSUMER_KIT_SERVICEBUS_SESSION_ENTITIES`` require sessions (see :mod:`consumer_kit.adapters.servicebus.sessions`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """AWS SQS adapter (boto3): deliveries in, settlement, publishers out.
 
 boto3 and botocore are imported only inside this package, and called only from worker threads
-(:mod:`adapters.sqs.connection`). One job per module, the same modules in the same order under the
+(:mod:`consumer_kit.adapters.sqs.connection`). One job per module, the same modules in the same order under the
 same names in every adapter (``broker-only``: this broker alone needs it):
 
 ==================  ================================================================================
@@ -54,7 +54,7 @@ dead_letter          a copy to the DLQ (the redrive policy's target, else ``<que
 renew_lock           ``ChangeMessageVisibility`` (the heartbeat does it on its own as well)
 delivery count       ``ApproximateReceiveCount`` (+ earlier copies, - uncounted releases)
 redelivered          a receive count this adapter's own give-backs do not explain
-                     (:mod:`adapters.sqs.redelivery`: why copies on standard queues)
+                     (:mod:`consumer_kit.adapters.sqs.redelivery`: why copies on standard queues)
 message id           ``x-consumer-kit-message-id`` (the outbox event ID), else SQS's ``MessageId``
 ordering             FIFO ``MessageGroupId`` = the partition key, per-group lanes
 stable publish id    FIFO ``MessageDeduplicationId`` = the event ID, plus the message-id attribute
@@ -74,12 +74,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.sqs.config import SQSConfig
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.consumer import SQSConsumer
-from adapters.sqs.dead_letters import SQSDeadLetters
-from adapters.sqs.delivery import SQSDelivery
-from adapters.sqs.envelope import (
+from consumer_kit.settings import Settings
+
+from .config import SQSConfig
+from .connection import SQSClient
+from .consumer import SQSConsumer
+from .dead_letters import SQSDeadLetters
+from .delivery import SQSDelivery
+from .envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -89,9 +91,8 @@ from adapters.sqs.envelope import (
     attributes_for,
     headers_of,
 )
-from adapters.sqs.publisher import SQSPublisher
-from adapters.sqs.topology import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
-from consumer_kit.settings import Settings
+from .publisher import SQSPublisher
+from .topology import QueueInfo, dead_letter_name, recommended_max_receive_count, sqs_queue_name
 
 __all__ = [
     "DEAD_LETTER_DETAIL_ATTRIBUTE",
@@ -146,7 +147,7 @@ def publisher_from_settings(settings: Settings) -> SQSPublisher:
 
 def dead_letters_from_settings(settings: Settings) -> SQSDeadLetters:
     """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
-    ``settings.broker_url`` (``consumer-kit dlq``; :mod:`adapters.sqs.dead_letters`).
+    ``settings.broker_url`` (``consumer-kit dlq``; :mod:`consumer_kit.adapters.sqs.dead_letters`).
 
     Raises:
         ConfigurationError: the ``sqs://`` URL is invalid.
@@ -155,7 +156,8 @@ def dead_letters_from_settings(settings: Settings) -> SQSDeadLetters:
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    import adapters.sqs
     from consumer_kit.brokers import DeadLetterAdapter
 
-    _PROVIDES: DeadLetterAdapter = adapters.sqs
+    from .. import sqs as this_module
+
+    _PROVIDES: DeadLetterAdapter = this_module

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import boto3
 from botocore.config import Config
 
-from adapters.sqs.config import SQSConfig
+from .config import SQSConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class SQSClient:
 
         Raises:
             botocore.exceptions.ClientError: SQS refused the request (code in
-                ``error.response["Error"]["Code"]``, see :mod:`adapters.sqs.errors`).
+                ``error.response["Error"]["Code"]``, see :mod:`consumer_kit.adapters.sqs.errors`).
             botocore.exceptions.BotoCoreError: no reply (connection, timeout, credentials).
         """
         client = await self._ready()

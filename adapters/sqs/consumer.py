@@ -1,12 +1,12 @@
 """The consuming side: one long-poll loop per queue, FIFO lanes, the heartbeat, pause and resume.
 
-* **Polling**: :mod:`adapters.sqs.subscription` (batch receive up to 10, long polling, broker
+* **Polling**: :mod:`consumer_kit.adapters.sqs.subscription` (batch receive up to 10, long polling, broker
   duplicates absorbed).
 * **Standard queues**: every delivery runs in a task of its own, at most ``prefetch`` held.
-* **FIFO queues**: deliveries go through their message group's lane (:mod:`adapters.sqs.fifo`).
-* **Peek-lock**: :mod:`adapters.sqs.renewal` extends every held delivery until it is settled,
+* **FIFO queues**: deliveries go through their message group's lane (:mod:`consumer_kit.adapters.sqs.fifo`).
+* **Peek-lock**: :mod:`consumer_kit.adapters.sqs.renewal` extends every held delivery until it is settled,
   or until its hand-over to the worker ends without a settlement (a crash point: the delivery is
-  left to lapse, :mod:`adapters.sqs.subscription`).
+  left to lapse, :mod:`consumer_kit.adapters.sqs.subscription`).
 * **Pause / resume**: a paused consumer starts no new poll (pause does not wait for the one in
   flight: what it brings is given back at once, uncounted); resume polls again.
 * **Stop / close**: ``stop_consuming`` ends the poll loops; ``close`` waits for the polls in
@@ -19,17 +19,18 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from adapters.sqs.config import MAX_VISIBILITY_SECONDS, SQSConfig
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.delivery import SQSDelivery
-from adapters.sqs.errors import describe, is_unreachable
-from adapters.sqs.fifo import GroupLanes
-from adapters.sqs.renewal import Heartbeat
-from adapters.sqs.settlement import Settler
-from adapters.sqs.subscription import Subscription
-from adapters.sqs.topology import QueueDirectory, QueueInfo, recommended_max_receive_count
 from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
 from consumer_kit.supervised import Supervised, all_running
+
+from .config import MAX_VISIBILITY_SECONDS, SQSConfig
+from .connection import SQSClient
+from .delivery import SQSDelivery
+from .errors import describe, is_unreachable
+from .fifo import GroupLanes
+from .renewal import Heartbeat
+from .settlement import Settler
+from .subscription import Subscription
+from .topology import QueueDirectory, QueueInfo, recommended_max_receive_count
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,12 @@ class SQSConsumer(Consumer):
         config: the parsed ``sqs://`` URL.
         max_deliveries, crash_limit: the runtime's bounds; a queue whose redrive policy's
             ``maxReceiveCount`` is not above them is warned about, and created queues get
-            :func:`~adapters.sqs.topology.recommended_max_receive_count`.
+            :func:`~consumer_kit.adapters.sqs.topology.recommended_max_receive_count`.
         settle_timeout: seconds; the bound on each settlement.
         concurrency: the worker's concurrency: sizes the client's threads and connection pool.
         handler_timeout: the runtime's handler timeout in seconds, only checked against the
             visibility timeout and the 12-hour maximum (WARNING).
-        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
+        client: an :class:`~consumer_kit.adapters.sqs.connection.SQSClient` to use (tests); default: its own.
 
     Raises:
         ValueError: on invalid arguments.
@@ -118,7 +119,7 @@ class SQSConsumer(Consumer):
     # -- Consumer API ------------------------------------------------------------------------
 
     async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
-        """Look up ``queue`` and its dead-letter queue (see :mod:`adapters.sqs.topology`) and start
+        """Look up ``queue`` and its dead-letter queue (see :mod:`consumer_kit.adapters.sqs.topology`) and start
         polling it, holding at most ``prefetch`` deliveries.
 
         Raises:
@@ -164,7 +165,7 @@ class SQSConsumer(Consumer):
 
     async def declare(self, queue: str) -> list[str]:
         """Create ``queue`` with a redrive policy to a new ``<name>-dlq`` where it does not exist
-        (``consumer-kit declare``; :mod:`adapters.sqs.topology`); returns the SQS names of the queue
+        (``consumer-kit declare``; :mod:`consumer_kit.adapters.sqs.topology`); returns the SQS names of the queue
         and its dead-letter queue. Idempotent.
 
         Raises:

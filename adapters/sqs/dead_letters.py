@@ -2,8 +2,8 @@
 :class:`consumer_kit.broker.DeadLetterQueues`).
 
 **Which queue.** The work queue's ``RedrivePolicy`` ``deadLetterTargetArn``, else ``<name>-dlq``:
-the queue :class:`~adapters.sqs.delivery.SQSDelivery` dead-letters to
-(:meth:`~adapters.sqs.topology.QueueDirectory.dead_letter_queue`). A dead-letter queue may serve
+the queue :class:`~consumer_kit.adapters.sqs.delivery.SQSDelivery` dead-letters to
+(:meth:`~consumer_kit.adapters.sqs.topology.QueueDirectory.dead_letter_queue`). A dead-letter queue may serve
 several work queues; only the dead letters of the queue asked for are listed and redriven (by
 ``x-original-queue``, or SQS's ``DeadLetterQueueSourceArn`` for a message SQS moved itself); the
 others are left alone.
@@ -52,10 +52,16 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from adapters.sqs.config import SQSConfig
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.delivery import DEFAULT_GROUP
-from adapters.sqs.envelope import (
+from consumer_kit import headers as own
+from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
+from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
+from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import ConfigurationError
+
+from .config import SQSConfig
+from .connection import SQSClient
+from .delivery import DEFAULT_GROUP
+from .envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -65,14 +71,9 @@ from adapters.sqs.envelope import (
     REDELIVERED_ATTRIBUTE,
     headers_of,
 )
-from adapters.sqs.errors import describe, is_unreachable
-from adapters.sqs.limits import fit
-from adapters.sqs.topology import QueueDirectory, QueueInfo, sqs_queue_name
-from consumer_kit import headers as own
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
-from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
-from consumer_kit.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from .errors import describe, is_unreachable
+from .limits import fit
+from .topology import QueueDirectory, QueueInfo, sqs_queue_name
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class SQSDeadLetters(DeadLetterQueues):
 
     Args:
         config: the parsed ``sqs://`` URL.
-        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
+        client: an :class:`~consumer_kit.adapters.sqs.connection.SQSClient` to use (tests); default: its own.
     """
 
     def __init__(self, config: SQSConfig, *, client: SQSClient | None = None) -> None:

@@ -3,15 +3,15 @@
 =============  =====================================================================================
 settlement     on SQS
 =============  =====================================================================================
-ack            ``DeleteMessage`` (batched: :mod:`adapters.sqs.settlement`)
+ack            ``DeleteMessage`` (batched: :mod:`consumer_kit.adapters.sqs.settlement`)
 retry(delay)   standard queue: a copy with ``DelaySeconds`` = ``ceil(delay)`` and
                ``x-consumer-kit-deliveries = delivery_count``, then the original is deleted.
                FIFO queue, a delay above 900 s, or a copy that does not fit:
-               ``ChangeMessageVisibility(ceil(delay))`` (remembered: :mod:`adapters.sqs.redelivery`)
+               ``ChangeMessageVisibility(ceil(delay))`` (remembered: :mod:`consumer_kit.adapters.sqs.redelivery`)
 release        standard queue: a copy with ``x-consumer-kit-deliveries = delivery_count - 1``
                (uncounted) and ``x-consumer-kit-redelivered`` for a suspect, then the original is
                deleted. FIFO queue: ``ChangeMessageVisibility(0)``, remembered as uncounted
-dead_letter    a copy to the dead-letter queue (:mod:`adapters.sqs.topology`) with
+dead_letter    a copy to the dead-letter queue (:mod:`consumer_kit.adapters.sqs.topology`) with
                ``x-dead-letter-reason``, ``x-dead-letter-detail``, ``x-original-queue`` and
                ``x-consumer-kit-deliveries``, then the original is deleted. SQS's redrive cannot
                carry a reason, so consumer-kit always sends the copy itself
@@ -25,10 +25,10 @@ to move after ``maxReceiveCount`` receives (logged at ERROR: without a redrive p
 coming back).
 
 **The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
-the visibility timeout, moved by each extension (:mod:`adapters.sqs.renewal`). Past that
+the visibility timeout, moved by each extension (:mod:`consumer_kit.adapters.sqs.renewal`). Past that
 (less a margin of 10 % of the timeout, at most 1 s) nothing is settled any more: SQS may have
 handed the message to someone else, so an ack would delete a message another worker holds.
-Such a settlement raises :class:`~adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
+Such a settlement raises :class:`~consumer_kit.adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
 the message comes back (or already came back) and the ledger answers it as a duplicate.
 """
 
@@ -41,8 +41,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from adapters.sqs.config import MAX_VISIBILITY_SECONDS
-from adapters.sqs.envelope import (
+from consumer_kit import headers as own_headers
+from consumer_kit.broker import Delivery, Settlement, sender_across_copies
+from consumer_kit.envelope import CORRELATION_ID_HEADER
+
+from .config import MAX_VISIBILITY_SECONDS
+from .envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DELIVERIES_ATTRIBUTE,
@@ -53,13 +57,10 @@ from adapters.sqs.envelope import (
     copy_headers,
     headers_of,
 )
-from adapters.sqs.limits import fit
-from adapters.sqs.redelivery import GIVE_BACKS
-from adapters.sqs.settlement import LockLost, Settler
-from adapters.sqs.topology import QueueInfo
-from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery, Settlement, sender_across_copies
-from consumer_kit.envelope import CORRELATION_ID_HEADER
+from .limits import fit
+from .redelivery import GIVE_BACKS
+from .settlement import LockLost, Settler
+from .topology import QueueInfo
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class SQSDelivery(Delivery):
 
     ``message_id`` is the ``x-consumer-kit-message-id`` attribute (the outbox event ID, kept on
     every copy) or SQS's ``MessageId``; ``delivery_count`` and ``redelivered`` follow
-    :mod:`adapters.sqs.redelivery`; ``enqueued_at`` is ``SentTimestamp``; ``partition_key`` is the
+    :mod:`consumer_kit.adapters.sqs.redelivery`; ``enqueued_at`` is ``SentTimestamp``; ``partition_key`` is the
     FIFO ``MessageGroupId``; ``correlation_id`` is the ``correlation-id`` attribute; ``sender`` is
     ``SenderId`` (the sending IAM user or role id, or account id; a copy consumer-kit sends is the worker's).
 

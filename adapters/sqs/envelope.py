@@ -7,7 +7,7 @@ the operation's first (:data:`PRIORITY`); whatever does not fit that way (an ele
 name SQS does not allow, an empty value) travels in one ``x-consumer-kit-headers`` attribute
 holding a JSON object, which :func:`headers_of` unpacks again (:func:`consumer_kit.headers.unpack`;
 a malformed one makes the delivery ``invalid_header``), so a handler sees the same headers on
-every broker. Their size, against the queue's limit: :mod:`adapters.sqs.limits`.
+every broker. Their size, against the queue's limit: :mod:`consumer_kit.adapters.sqs.limits`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from consumer_kit.broker import Settlement
 
 if TYPE_CHECKING:
-    from adapters.sqs.delivery import SQSDelivery
+    from .delivery import SQSDelivery
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Message sizes SQS counts, checked before every send, and trimming a copy to fit.
 
-SQS refuses a message larger than the queue's ``MaximumMessageSize`` (:attr:`~adapters.sqs.topology.
+SQS refuses a message larger than the queue's ``MaximumMessageSize`` (:attr:`~consumer_kit.adapters.sqs.topology.
 QueueInfo.max_message_size`, default 256 KiB) and a ``SendMessageBatch`` of more than
 :data:`BATCH_MAX_BYTES` in all; it counts::
 
@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from adapters.sqs.envelope import PRIORITY, Attributes, as_text, attributes_for
 from consumer_kit import headers as own
+
+from .envelope import PRIORITY, Attributes, as_text, attributes_for
 
 BATCH_MAX_BYTES = 1_048_576
 """The most bytes of messages one ``SendMessageBatch`` carries (SQS: 1 MiB)."""

@@ -2,17 +2,17 @@
 
 The relay publishes a claimed batch concurrently; publishes to the same queue that arrive within
 ``linger`` seconds of each other (default 5 ms) go out in one ``SendMessageBatch`` of up to 10
-entries and at most ``BATCH_MAX_BYTES`` (:mod:`adapters.sqs.batching`). Each publish still gets its
+entries and at most ``BATCH_MAX_BYTES`` (:mod:`consumer_kit.adapters.sqs.batching`). Each publish still gets its
 own answer: SQS reports every entry on its own, and a failed entry becomes a
-:class:`~consumer_kit.publishing.PublishError` of its kind (:mod:`adapters.sqs.errors`) for that event
+:class:`~consumer_kit.publishing.PublishError` of its kind (:mod:`consumer_kit.adapters.sqs.errors`) for that event
 only. An endpoint that refuses the batch as too long gets each entry again on its own.
 
 **What is sent.** ``destination`` names the queue (``""``: ``routing_key`` does, as on RabbitMQ's
-default exchange): a consumer-kit name, URL or ARN (:mod:`adapters.sqs.topology`). The body is the
+default exchange): a consumer-kit name, URL or ARN (:mod:`consumer_kit.adapters.sqs.topology`). The body is the
 event's JSON text. Message attributes carry the event's headers (event id, ``message-type``,
 trace context ``traceparent``/``tracestate``, correlation id, ...), ``x-consumer-kit-message-id``
 = the event ID and ``routing-key`` when there is one, at most 10 attributes
-(:mod:`adapters.sqs.envelope`). On a FIFO queue ``MessageDeduplicationId`` = the event ID and
+(:mod:`consumer_kit.adapters.sqs.envelope`). On a FIFO queue ``MessageDeduplicationId`` = the event ID and
 ``MessageGroupId`` = the partition key (``consumer-kit`` without one).
 
 **Size.** Body plus attributes are measured against the queue's ``MaximumMessageSize`` before
@@ -25,12 +25,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapters.sqs.batching import Batcher
-from adapters.sqs.config import SQSConfig
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.delivery import DEFAULT_GROUP
-from adapters.sqs.envelope import MESSAGE_ID_ATTRIBUTE, attributes_for
-from adapters.sqs.errors import (
+from consumer_kit import headers as own
+from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.errors import ConfigurationError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
+
+from .batching import Batcher
+from .config import SQSConfig
+from .connection import SQSClient
+from .delivery import DEFAULT_GROUP
+from .envelope import MESSAGE_ID_ATTRIBUTE, attributes_for
+from .errors import (
     BATCH_TOO_LONG,
     describe,
     entry_publish_error,
@@ -38,12 +43,8 @@ from adapters.sqs.errors import (
     is_unreachable,
     publish_error,
 )
-from adapters.sqs.limits import BATCH_MAX_BYTES, size_of
-from adapters.sqs.topology import QueueDirectory, QueueInfo
-from consumer_kit import headers as own
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER
-from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
+from .limits import BATCH_MAX_BYTES, size_of
+from .topology import QueueDirectory, QueueInfo
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class SQSPublisher(Publisher):
     Args:
         config: the parsed ``sqs://`` URL.
         linger: seconds concurrent publishes wait to share a batch call.
-        client: an :class:`~adapters.sqs.connection.SQSClient` to use (tests); default: its own.
+        client: an :class:`~consumer_kit.adapters.sqs.connection.SQSClient` to use (tests); default: its own.
 
     Attributes:
         batches: ``SendMessageBatch`` calls made.

@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from adapters.sqs.config import MAX_VISIBILITY_SECONDS
+from .config import MAX_VISIBILITY_SECONDS
 
 _MAX_ENTRIES = 100_000  # a forgotten entry only makes a false suspect
 

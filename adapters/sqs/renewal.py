@@ -7,7 +7,7 @@ The heartbeat wakes every ``tick`` seconds (a quarter of the shortest visibility
 every held delivery with half its visibility timeout or less left, to a full visibility timeout
 from now. It stops with the settlement (a settled delivery is no longer held), and when the
 worker's hand-over ends with the delivery unsettled (a crash point): it is dropped then, so its
-visibility lapses and SQS redelivers it, as after a crash (:mod:`adapters.sqs.subscription`).
+visibility lapses and SQS redelivers it, as after a crash (:mod:`consumer_kit.adapters.sqs.subscription`).
 
 **12 hours.** SQS refuses to extend a message's visibility beyond 12 hours from its receive.
 An extension asks at most for what is left of them; once nothing is left, the delivery is logged
@@ -26,12 +26,13 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.errors import describe, entry_code, is_stale, is_stale_receipt
 from consumer_kit.supervised import Supervised
 
+from .connection import SQSClient
+from .errors import describe, entry_code, is_stale, is_stale_receipt
+
 if TYPE_CHECKING:
-    from adapters.sqs.delivery import SQSDelivery
+    from .delivery import SQSDelivery
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 operation                  SQS call
 =========================  ========================================================================
 ack                        ``DeleteMessageBatch`` (concurrent acks of a queue share calls,
-                           :mod:`adapters.sqs.batching`), one entry per receipt handle the message
+                           :mod:`consumer_kit.adapters.sqs.batching`), one entry per receipt handle the message
                            was received with in this process
 give back (retry,          ``ChangeMessageVisibility`` to the delay (0 = visible now), at most the
 release on FIFO)           time left of the 12 hours
@@ -27,10 +27,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from adapters.sqs.batching import Batcher
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.errors import entry_code, is_stale, is_stale_receipt
 from consumer_kit.counters import Counted, Counters
+
+from .batching import Batcher
+from .connection import SQSClient
+from .errors import entry_code, is_stale, is_stale_receipt
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ delivery has lost its lock (it will not ack) and the new one is handed out as a 
 crash point fired: the runtime treats it as process death) is *left to lapse*: no longer held
 (its slot is free, the heartbeat stops extending it, closing does not give it back), so its
 visibility lapses and SQS hands it out again, counted, while the worker lives. Nothing is
-remembered as a give-back, so :mod:`adapters.sqs.redelivery` judges that receive a redelivery,
+remembered as a give-back, so :mod:`consumer_kit.adapters.sqs.redelivery` judges that receive a redelivery,
 as after a real crash.
 """
 
@@ -29,21 +29,22 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.delivery import DEFAULT_GROUP, SQSDelivery
-from adapters.sqs.envelope import (
+from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.errors import DeadLetterReason
+
+from .connection import SQSClient
+from .delivery import DEFAULT_GROUP, SQSDelivery
+from .envelope import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     DETAIL_MAX_CHARS,
     MAX_ATTRIBUTES,
     ORIGINAL_QUEUE_ATTRIBUTE,
 )
-from adapters.sqs.errors import describe
-from adapters.sqs.renewal import Heartbeat
-from adapters.sqs.settlement import Settler
-from adapters.sqs.topology import QueueInfo
-from consumer_kit.broker import DeliveryCallback, build_delivery
-from consumer_kit.errors import DeadLetterReason
+from .errors import describe
+from .renewal import Heartbeat
+from .settlement import Settler
+from .topology import QueueInfo
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,10 @@ import logging
 import re
 from dataclasses import dataclass
 
-from adapters.sqs.connection import SQSClient
-from adapters.sqs.errors import NON_EXISTENT_QUEUE, describe, is_code
 from consumer_kit.errors import ConfigurationError
+
+from .connection import SQSClient
+from .errors import NON_EXISTENT_QUEUE, describe, is_code
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class QueueDirectory:
     """Looks queues up (cached per target) and creates missing ones when asked.
 
     Args:
-        client: the adapter's :class:`~adapters.sqs.connection.SQSClient`.
+        client: the adapter's :class:`~consumer_kit.adapters.sqs.connection.SQSClient`.
         account_id: owner of queues named by plain name (``None``: the caller's account).
         max_receive_count: ``maxReceiveCount`` of the redrive policy of created queues.
     """

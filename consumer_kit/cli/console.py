@@ -36,7 +36,7 @@ EXIT_USAGE = 2
 
 SettingsT = TypeVar("SettingsT", bound=DatabaseSettings)
 
-OWN_LOGGERS = ("consumer_kit", "adapters", "outbox_relay")
+OWN_LOGGERS = ("consumer_kit",)
 """The loggers ``--log-level`` applies to; every other library's follow ``--library-log-level``."""
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -45,7 +45,7 @@ LogLevel = Annotated[
     str,
     typer.Option(
         "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
-        help="Level of consumer-kit's own logs (consumer_kit, adapters, outbox_relay): DEBUG (every "
+        help="Level of consumer-kit's own logs (consumer_kit.*): DEBUG (every "
         "delivery), INFO, WARNING, ERROR",
     ),
 ]

@@ -42,7 +42,7 @@ ERROR_TYPE = "error.type"
 SCHEMA = "consumer_kit.schema"
 """The PostgreSQL schema of the ledger and outbox a gauge reads."""
 RELAY_EVENT = "event"
-"""The relay event name of ``outbox_relay.events`` (see :mod:`outbox_relay.counters`)."""
+"""The relay event name of ``outbox_relay.events`` (see :mod:`consumer_kit.outbox_relay.counters`)."""
 
 # Seconds: from a millisecond to five minutes (handlers, claims, deliveries, outbox lag).
 DURATION_BUCKETS = (

@@ -8,7 +8,7 @@ Fixtures:
     ck_database_url (session): ``CONSUMER_KIT_TEST_DATABASE_URL``, else
         ``CONSUMER_KIT_DATABASE_URL``, else an embedded PostgreSQL (pgserver) in a temporary
         directory, started once per session.
-    ck_memory_broker: a fresh in-process broker (``adapters.memory.MemoryBroker``), lock 1 s.
+    ck_memory_broker: a fresh in-process broker (``consumer_kit.adapters.memory.MemoryBroker``), lock 1 s.
     consumer_kit_harness: a factory ``consumer_kit_harness(*handlers, setup_sql=..., **settings)``
         returning a :class:`consumer_kit.testing.Harness` (use it with ``async with``) on a
         throwaway schema of ``ck_database_url``.

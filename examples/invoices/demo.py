@@ -25,19 +25,19 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
-from adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit.broker import Delivery
 from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
 from consumer_kit.model.outcomes import DeliveryReport
+from consumer_kit.outbox_relay.relay import relay_pending
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
 from examples.invoices.app import app, create_tables
-from outbox_relay.relay import relay_pending
 
 DEMO_SCHEMA = "consumer_kit_demo"
 QUEUE = "invoices.commands"

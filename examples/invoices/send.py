@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
-from adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Settings
+from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.cli.console import fail, read_settings, require_shared_broker, setup_logging
 from consumer_kit.redaction import redact_url
 from examples.invoices.app import CreateInvoice

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from adapters.rabbitmq import RabbitMQConsumer
+from consumer_kit.adapters.rabbitmq import RabbitMQConsumer
 from consumer_kit.settings import Settings
 from consumer_kit.worker import Worker
 from tests.chaos.app import app

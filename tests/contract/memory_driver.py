@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 
-from adapters.memory import MemoryBroker, MemoryConsumer, MemoryDelivery, get_broker
+from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer, MemoryDelivery, get_broker
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback
 from consumer_kit.publishing import Publisher
 from consumer_kit.settings import Settings

@@ -9,7 +9,7 @@ from typing import Any
 
 import aio_pika
 
-from adapters.rabbitmq import (
+from consumer_kit.adapters.rabbitmq import (
     DEAD_LETTER_DETAIL_HEADER,
     DEAD_LETTER_REASON_HEADER,
     RabbitMQConsumer,

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from azure.servicebus import ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient
 
-from adapters.servicebus import (
+from consumer_kit.adapters.servicebus import (
     ORIGINAL_MESSAGE_ID_PROPERTY,
     Namespace,
     ServiceBusConsumer,

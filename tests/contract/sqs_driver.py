@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from adapters.sqs import (
+from consumer_kit.adapters.sqs import (
     DEAD_LETTER_DETAIL_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     SQSClient,
@@ -20,8 +20,8 @@ from adapters.sqs import (
     recommended_max_receive_count,
     sqs_queue_name,
 )
-from adapters.sqs.limits import size_of
-from adapters.sqs.subscription import SYSTEM_ATTRIBUTES
+from consumer_kit.adapters.sqs.limits import size_of
+from consumer_kit.adapters.sqs.subscription import SYSTEM_ATTRIBUTES
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback
 from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings

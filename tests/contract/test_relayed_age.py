@@ -9,15 +9,15 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from adapters.memory import MemoryPublisher
 from consumer_kit import Outcome
 from consumer_kit import headers as own
+from consumer_kit.adapters.memory import MemoryPublisher
+from consumer_kit.outbox_relay.counters import RelayCounters
+from consumer_kit.outbox_relay.publishing import RowPublisher
+from consumer_kit.outbox_relay.routing import Routing
+from consumer_kit.outbox_relay.store import ClaimedRow
 from consumer_kit.publishing import OutgoingMessage, Publisher
 from examples.invoices.app import CreateInvoiceHandler
-from outbox_relay.counters import RelayCounters
-from outbox_relay.publishing import RowPublisher
-from outbox_relay.routing import Routing
-from outbox_relay.store import ClaimedRow
 from tests.broker_env import command
 from tests.contract.conftest import Contract
 from tests.contract.memory_driver import MemoryDriver

@@ -14,7 +14,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from adapters.memory import get_broker
+from consumer_kit.adapters.memory import get_broker
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.hostile.bookkeeping import CASE_HEADER, SKIP, Broker, nested, run_matrix
 from tests.servicebus_server.fixtures import sb_fixture, sb_server_fixture  # noqa: F401 - fixtures
@@ -45,7 +45,7 @@ async def test_every_bad_bookkeeping_header_on_memory(database_url: str) -> None
 
 
 RABBITMQ_DEPTH = 200
-"""AMQP arrays nested this deep: past adapters.rabbitmq.wire's 64 levels, so each such value reads
+"""AMQP arrays nested this deep: past consumer_kit.adapters.rabbitmq.wire's 64 levels, so each such value reads
 as wire.UNDECODED (a value of the wrong type) and the header's rule applies. pamqp encodes
 recursively, so this process cannot send 10,000 levels: tests/test_rabbitmq_header_nesting.py sends
 them from a producer process of its own. 10,000 levels also travel as JSON text here."""
@@ -120,8 +120,8 @@ def _sqs_attribute(value: Any) -> dict[str, Any]:
 
 
 async def test_every_bad_bookkeeping_header_on_sqs(database_url: str, sqs_endpoint: str) -> None:  # noqa: F811
-    from adapters.sqs import SQSClient, SQSConfig, headers_of
-    from adapters.sqs.topology import sqs_queue_name
+    from consumer_kit.adapters.sqs import SQSClient, SQSConfig, headers_of
+    from consumer_kit.adapters.sqs.topology import sqs_queue_name
 
     queue = f"ck-bookkeeping-{uuid.uuid4().hex[:8]}"
     client = SQSClient(SQSConfig.from_url(sqs_url(sqs_endpoint)), threads=4, pollers=0)

@@ -20,7 +20,12 @@ import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
-from adapters.servicebus import Namespace, ServiceBusConsumer, ServiceBusDelivery, ServiceBusPublisher
+from consumer_kit.adapters.servicebus import (
+    Namespace,
+    ServiceBusConsumer,
+    ServiceBusDelivery,
+    ServiceBusPublisher,
+)
 from tests.servicebus_server import Queue, ServiceBusTestServer
 
 SDK_CALL_TIMEOUT = 10.0  # seconds any direct SDK call of a test may take
