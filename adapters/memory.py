@@ -28,7 +28,7 @@ from consumer_kit import headers as own_headers
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_delivery, hand_over
 from consumer_kit.errors import DeadLetterReason
 from consumer_kit.publishing import OutgoingMessage, Publisher, headers_to_send
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, Settings
 from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger("consumer_kit.adapters.memory")
@@ -381,7 +381,7 @@ def consumer_from_settings(settings: Settings) -> MemoryConsumer:
     return MemoryConsumer(get_broker(settings.broker_url))
 
 
-def publisher_from_settings(settings: Settings) -> MemoryPublisher:
+def publisher_from_settings(settings: BrokerSettings) -> MemoryPublisher:
     """Entry point ``consumer_kit.brokers: memory``."""
     return MemoryPublisher(get_broker(settings.broker_url))
 

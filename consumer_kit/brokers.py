@@ -3,7 +3,9 @@
 The core never imports an adapter: ``amqp://`` maps to the module registered under ``amqp``
 (``consumer_kit.adapters.rabbitmq``), ``memory://`` to ``consumer_kit.adapters.memory``. What an adapter module provides is
 :class:`BrokerAdapter` (two factories), and, for ``consumer-kit dlq``, :class:`DeadLetterAdapter`
-(a third); each factory takes the worker's (or the relay's) :class:`~consumer_kit.settings.Settings`.
+(a third). The consumer factory takes the worker's :class:`~consumer_kit.settings.WorkerSettings`;
+the publisher and dead-letter factories take only the ``broker`` group
+(:class:`~consumer_kit.settings.BrokerSettings`: the relay's settings are one, not worker settings).
 A module that lacks a required factory is refused when it is loaded.
 """
 
@@ -18,7 +20,7 @@ from urllib.parse import urlparse
 from consumer_kit.broker import Consumer, DeadLetterQueues
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.publishing import Publisher
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, Settings
 
 GROUP = "consumer_kit.brokers"
 
@@ -28,19 +30,19 @@ REQUIRED = ("consumer_from_settings", "publisher_from_settings")
 
 class BrokerAdapter(Protocol):
     """What an adapter module registered under ``consumer_kit.brokers`` provides: module-level
-    factories that build its consumer and its publisher from consumer-kit's settings (the relay
-    passes its ``RelaySettings``, a :class:`Settings`). Each factory may raise
+    factories that build its consumer from the worker's settings and its publisher from the
+    ``broker`` group (the relay passes its ``RelaySettings``, a :class:`BrokerSettings`). Each factory may raise
     :class:`ConfigurationError` for a URL or setting it cannot use."""
 
     def consumer_from_settings(self, settings: Settings, /) -> Consumer: ...
 
-    def publisher_from_settings(self, settings: Settings, /) -> Publisher: ...
+    def publisher_from_settings(self, settings: BrokerSettings, /) -> Publisher: ...
 
 
 class DeadLetterAdapter(BrokerAdapter, Protocol):
     """An adapter that also lists and redrives dead letters (``consumer-kit dlq``)."""
 
-    def dead_letters_from_settings(self, settings: Settings, /) -> DeadLetterQueues: ...
+    def dead_letters_from_settings(self, settings: BrokerSettings, /) -> DeadLetterQueues: ...
 
 
 def adapter_for(url: str) -> ModuleType:
@@ -86,12 +88,12 @@ def open_consumer(settings: Settings) -> Consumer:
     return _adapter(settings).consumer_from_settings(settings)
 
 
-def open_publisher(settings: Settings) -> Publisher:
+def open_publisher(settings: BrokerSettings) -> Publisher:
     """The adapter's ``publisher_from_settings(settings)`` (raises as :func:`adapter_for` and the factory)."""
     return _adapter(settings).publisher_from_settings(settings)
 
 
-def open_dead_letters(settings: Settings) -> DeadLetterQueues:
+def open_dead_letters(settings: BrokerSettings) -> DeadLetterQueues:
     """The adapter's ``dead_letters_from_settings(settings)``, or :class:`DeadLetterQueues` (every
     method raises "not supported") for an adapter without one."""
     adapter = _adapter(settings)
@@ -100,7 +102,7 @@ def open_dead_letters(settings: Settings) -> DeadLetterQueues:
     return cast(DeadLetterAdapter, adapter).dead_letters_from_settings(settings)
 
 
-def _adapter(settings: Settings) -> BrokerAdapter:
+def _adapter(settings: BrokerSettings) -> BrokerAdapter:
     return cast(BrokerAdapter, adapter_for(settings.broker_url))  # adapter_for checked it
 
 

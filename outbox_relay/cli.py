@@ -34,6 +34,7 @@ from consumer_kit.cli.console import (
     MetricsPort,
     Otel,
     plain,
+    read_console,
     read_settings,
     require_database,
     require_shared_broker,
@@ -126,6 +127,7 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     setup_logging(log_level, library_log_level, log_format)
+    telemetry = read_console(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
     settings = read_settings(
         RelaySettings,
         options=OPTIONS,
@@ -141,22 +143,23 @@ def run(
         relay_health_file=health_file,
         relay_health_port=health_port,
         relay_health_host=health_host,
-        metrics_host=metrics_host,
         relay_id=relay_id,
     )
     with user_errors(settings):
         require_shared_broker(settings, "outbox-relay")
         require_database(settings, "outbox-relay")
         installed = install(
-            service_name="outbox-relay", metrics_port=metrics_port, metrics_addr=settings.metrics_host, otel=otel
+            service_name="outbox-relay", metrics_port=telemetry.metrics_port,
+            metrics_addr=telemetry.metrics_host, otel=telemetry.otel,
         )
         try:
-            asyncio.run(_run(settings, once=once, gauges=metrics_port is not None or otel))
+            gauges = telemetry.metrics_port is not None or telemetry.otel
+            asyncio.run(_run(settings, once=once, gauges=gauges, interval=telemetry.metrics_interval))
         finally:
             installed.shutdown()
 
 
-async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False) -> None:
+async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False, interval: float = 15.0) -> None:
     relay = Relay(settings)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -165,7 +168,8 @@ async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False) -> 
         from consumer_kit.telemetry.gauges import DatabaseGauges
 
         async with DatabaseGauges(
-            database_url(settings), settings.db_schema, outbox=True, max_attempts=settings.relay_max_attempts
+            database_url(settings), settings.db_schema, outbox=True, max_attempts=settings.relay_max_attempts,
+            interval=interval,
         ):
             await relay.run(once=once)
     else:

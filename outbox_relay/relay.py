@@ -60,6 +60,9 @@ logger = logging.getLogger("consumer_kit.outbox_relay")
 
 _BACKOFF_FIRST = 0.5  # seconds between tries while the database is unavailable, doubling
 _BACKOFF_MAX = 5.0
+CLEANUP_INTERVAL = 60.0
+"""Seconds between the relay's passes deleting published rows past ``RELAY_RETENTION`` (each pass
+deletes in statements of ``RELAY_CLEANUP_BATCH`` rows); was ``CONSUMER_KIT_RELAY_CLEANUP_INTERVAL``."""
 
 @runtime_checkable
 class _Connectable(Protocol):
@@ -336,7 +339,7 @@ class Relay:
     async def _cleanup_if_due(self) -> None:
         now = time.monotonic()
         if now >= self._next_cleanup:
-            self._next_cleanup = now + self.settings.relay_cleanup_interval
+            self._next_cleanup = now + CLEANUP_INTERVAL
             await self.cleanup_published()
 
     async def _guarded(self, step: Callable[[], Awaitable[Any]], *, clears_outage: bool = True) -> None:

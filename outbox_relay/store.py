@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 REQUIRED_MIGRATION = 102
 """The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
 
+TRANSIENT_BACKOFF_MAX = 5.0
+"""Seconds: longest retry delay of a row after a broker or connection failure (such rows never
+park). Short, because the broker's recovery, not the row, decides when a publish succeeds; it was
+the setting ``CONSUMER_KIT_RELAY_TRANSIENT_BACKOFF_MAX`` that no user needed."""
+
 
 @dataclass(frozen=True)
 class ClaimedRow:
@@ -159,7 +164,6 @@ class OutboxStore:
             claim_timeout=settings.relay_claim_timeout,
             backoff_base=settings.relay_backoff_base,
             backoff_max=settings.relay_backoff_max,
-            transient_backoff_max=settings.relay_transient_backoff_max,
         )
 
     def __init__(
@@ -171,7 +175,7 @@ class OutboxStore:
         claim_timeout: float,
         backoff_base: float,
         backoff_max: float,
-        transient_backoff_max: float = 5.0,
+        transient_backoff_max: float = TRANSIENT_BACKOFF_MAX,
     ) -> None:
         self.schema = schema
         self.relay_id = relay_id

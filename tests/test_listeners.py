@@ -21,6 +21,7 @@ from consumer_kit import ConfigurationError, Settings
 from consumer_kit.cli.main import cli
 from consumer_kit.health import Health
 from consumer_kit.outbox_relay import Relay, RelaySettings
+from consumer_kit.settings import ConsoleSettings
 from consumer_kit.outbox_relay.cli import app as relay_cli
 from tests.broker_env import Env
 from tests.test_first_hour import closed_port, stop_gracefully
@@ -59,12 +60,12 @@ def test_the_defaults_are_health_on_this_host_only_and_metrics_on_every_interfac
 ) -> None:
     for name in ("CONSUMER_KIT_HEALTH_HOST", "CONSUMER_KIT_METRICS_HOST", "CONSUMER_KIT_RELAY_HEALTH_HOST"):
         monkeypatch.delenv(name, raising=False)
-    assert (Settings().health_host, Settings().metrics_host) == ("127.0.0.1", "0.0.0.0")
+    assert (Settings().health_host, ConsoleSettings().metrics_host) == ("127.0.0.1", "0.0.0.0")
     assert RelaySettings().relay_health_host == "127.0.0.1"
     monkeypatch.setenv("CONSUMER_KIT_HEALTH_HOST", "0.0.0.0")
     monkeypatch.setenv("CONSUMER_KIT_METRICS_HOST", "[::1]")
     monkeypatch.setenv("CONSUMER_KIT_RELAY_HEALTH_HOST", "localhost")
-    assert (Settings().health_host, Settings().metrics_host) == ("0.0.0.0", "::1")
+    assert (Settings().health_host, ConsoleSettings().metrics_host) == ("0.0.0.0", "::1")
     assert RelaySettings().relay_health_host == "localhost"
 
 
@@ -72,10 +73,10 @@ def test_the_defaults_are_health_on_this_host_only_and_metrics_on_every_interfac
 def test_a_bad_host_is_a_configuration_error_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, bad: str
 ) -> None:
-    for variable in ("CONSUMER_KIT_HEALTH_HOST", "CONSUMER_KIT_METRICS_HOST"):
+    for variable, group in (("CONSUMER_KIT_HEALTH_HOST", Settings), ("CONSUMER_KIT_METRICS_HOST", ConsoleSettings)):
         monkeypatch.setenv(variable, bad)
         with pytest.raises(ConfigurationError, match=f"{variable}=.*must be an IP address or a host name"):
-            Settings.from_environment()
+            group.from_environment()
         monkeypatch.delenv(variable)
     monkeypatch.setenv("CONSUMER_KIT_RELAY_HEALTH_HOST", bad)
     with pytest.raises(ConfigurationError, match=r"CONSUMER_KIT_RELAY_HEALTH_HOST=.*must be an IP address"):

@@ -14,7 +14,17 @@ from typer.testing import CliRunner
 from consumer_kit import Context, Envelope, Handler, Result
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.outbox_relay.settings import OutboxSettings, RelaySettings
-from consumer_kit.settings import DatabaseSettings, Settings, env_name, number, unknown_variables
+from consumer_kit.settings import (
+    SETTINGS_GROUPS,
+    DatabaseSettings,
+    GroupSettings,
+    Settings,
+    WorkerSettings,
+    env_name,
+    number,
+    own_fields,
+    unknown_variables,
+)
 from consumer_kit.testing import Harness
 
 
@@ -32,19 +42,24 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def bounded_fields(cls: type[DatabaseSettings]) -> list[tuple[str, dict[str, Any]]]:
-    return [
-        (name, dict(field.json_schema_extra))
-        for name, field in cls.model_fields.items()
-        if isinstance(field.json_schema_extra, dict) and "minimum" in field.json_schema_extra
-    ]
+def bounded_fields() -> list[tuple[type[GroupSettings], str, dict[str, Any]]]:
+    """(group class, field, its range) of every bounded setting of the environment's groups."""
+    found = []
+    for group, cls in SETTINGS_GROUPS.items():
+        if not issubclass(cls, GroupSettings):
+            continue  # the sqs group: URL options (tests/test_sqs_config.py)
+        for name in own_fields(group):
+            extra = cls.model_fields[name].json_schema_extra
+            if isinstance(extra, dict) and "minimum" in extra:
+                found.append((cls, name, dict(extra)))
+    return found
 
 
-DURATIONS = [(n, i) for n, i in bounded_fields(RelaySettings) if i["unit"] == "seconds"]
-COUNTS = [(n, i) for n, i in bounded_fields(RelaySettings) if i["unit"] != "seconds"]
+DURATIONS = [(c, n, i) for c, n, i in bounded_fields() if i["unit"] == "seconds"]
+COUNTS = [(c, n, i) for c, n, i in bounded_fields() if i["unit"] != "seconds"]
 
 
-def refusal(cls: type[DatabaseSettings], **env: str) -> str:
+def refusal(cls: type[GroupSettings], **env: str) -> str:
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
@@ -54,7 +69,7 @@ def refusal(cls: type[DatabaseSettings], **env: str) -> str:
 
 
 def test_every_duration_has_a_finite_range_with_a_floor_above_zero_where_zero_means_a_hot_loop() -> None:
-    ranges = {name: (info["minimum"], info["maximum"]) for name, info in DURATIONS}
+    ranges = {name: (info["minimum"], info["maximum"]) for _, name, info in DURATIONS}
     assert ranges == {
         "in_progress_delay": (0.05, 3600), "lock_timeout": (0.001, 3600), "alone_marker_ttl": (1, 300),
         "lease_seconds": (1, 86_400), "handler_timeout": (0.1, 86_400),
@@ -62,33 +77,33 @@ def test_every_duration_has_a_finite_range_with_a_floor_above_zero_where_zero_me
         "probe_backoff_max": (0.5, 3600), "shutdown_timeout": (0.1, 3600),
         "summary_interval": (1, 86_400), "relay_claim_timeout": (1, 3600),
         "relay_backoff_base": (0.05, 3600), "relay_backoff_max": (0.05, 86_400),
-        "relay_transient_backoff_max": (0.05, 3600), "relay_retention": (0, 366 * 86_400),
-        "relay_poll_interval": (0.05, 3600), "relay_cleanup_interval": (1, 86_400),
+        "relay_retention": (0, 366 * 86_400), "relay_poll_interval": (0.05, 3600),
+        "metrics_interval": (0.1, 3600), "receive_wait": (0.01, 60),
     }
-    for name, info in DURATIONS:  # the description a user reads states the same range
-        assert f"Seconds, {number(info['minimum'])} to {number(info['maximum'])}" in RelaySettings.model_fields[name].description
+    for cls, name, info in DURATIONS:  # the description a user reads states the same range
+        assert f"Seconds, {number(info['minimum'])} to {number(info['maximum'])}" in cls.model_fields[name].description
 
 
-@pytest.mark.parametrize("name, info", DURATIONS, ids=[n for n, _ in DURATIONS])
+@pytest.mark.parametrize("cls, name, info", DURATIONS, ids=[n for _, n, _ in DURATIONS])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "below", "above"])
 def test_a_duration_out_of_range_is_refused_naming_variable_unit_range_and_example(
-    name: str, info: dict[str, Any], value: str
+    cls: type[GroupSettings], name: str, info: dict[str, Any], value: str
 ) -> None:
     given = {"below": f"{info['minimum'] - 0.0001:g}" if info["minimum"] else "-1",
              "above": f"{info['maximum'] * 2:g}"}.get(value, value)
     assert math.isnan(float(given)) or not info["minimum"] <= float(given) <= info["maximum"]
-    line = refusal(RelaySettings, **{env_name(name): given})
+    line = refusal(cls, **{cls.env_name_of(name): given})
     assert line == (
-        f"{env_name(name)}={given}: seconds, must be between {number(info['minimum'])} and "
+        f"{cls.env_name_of(name)}={given}: seconds, must be between {number(info['minimum'])} and "
         f"{number(info['maximum'])} (e.g. {info['example']})"
     )
 
 
-@pytest.mark.parametrize("name, info", COUNTS, ids=[n for n, _ in COUNTS])
-def test_a_count_out_of_range_is_refused_the_same_way(name: str, info: dict[str, Any]) -> None:
+@pytest.mark.parametrize("cls, name, info", COUNTS, ids=[n for _, n, _ in COUNTS])
+def test_a_count_out_of_range_is_refused_the_same_way(cls: type[GroupSettings], name: str, info: dict[str, Any]) -> None:
     for given in (str(info["minimum"] - 1), str(info["maximum"] + 1)):
-        assert refusal(RelaySettings, **{env_name(name): given}) == (
-            f"{env_name(name)}={given}: {info['unit']}, must be between {info['minimum']} and "
+        assert refusal(cls, **{cls.env_name_of(name): given}) == (
+            f"{cls.env_name_of(name)}={given}: {info['unit']}, must be between {info['minimum']} and "
             f"{info['maximum']} (e.g. {info['example']})"
         )
 
@@ -174,13 +189,21 @@ def test_an_option_is_named_as_typed_and_a_url_never_shows_its_password() -> Non
     assert "s3cret" not in str(refused.value)
 
 
-def test_commands_that_touch_only_the_database_ignore_the_worker_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_command_reads_only_its_groups_so_a_bad_worker_setting_breaks_only_the_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("CONSUMER_KIT_RETRY_DELAYS", "1;5")  # broke `consumer-kit migrate` before
     monkeypatch.setenv("CONSUMER_KIT_LOCK_TIMEOUT", "0")
     assert DatabaseSettings.from_environment(db_schema="s").db_schema == "s"
     assert OutboxSettings.from_environment().relay_max_attempts == 20
+    assert RelaySettings.from_environment().relay_batch_size == 200  # the relay reads no worker setting
+    assert not set(RelaySettings.model_fields) & set(own_fields("worker"))
     with pytest.raises(ConfigurationError):
-        RelaySettings.from_environment()  # the relay itself reads the shared settings
+        WorkerSettings.from_environment()
+    monkeypatch.setenv("CONSUMER_KIT_RELAY_BATCH_SIZE", "0")  # and a bad relay setting breaks only the relay
+    assert WorkerSettings.from_environment(lock_timeout=5, retry_delays=[1]).concurrency == 8
+    with pytest.raises(ConfigurationError):
+        RelaySettings.from_environment()
 
 
 def test_a_misspelt_variable_is_named_with_the_setting_it_resembles() -> None:

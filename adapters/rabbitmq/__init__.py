@@ -65,7 +65,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SCHEMES, RabbitMQConfig
 from .consumer import RabbitMQConsumer
@@ -122,13 +122,13 @@ def consumer_from_settings(settings: Settings) -> RabbitMQConsumer:
     )
 
 
-def publisher_from_settings(settings: Settings) -> RabbitMQPublisher:
+def publisher_from_settings(settings: BrokerSettings) -> RabbitMQPublisher:
     """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirm."""
     return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)
 
 
-def dead_letters_from_settings(settings: Settings) -> RabbitMQDeadLetters:
+def dead_letters_from_settings(settings: BrokerSettings) -> RabbitMQDeadLetters:
     """Entry point ``consumer_kit.brokers: amqp``: the dead-letter queues of ``settings.broker_url``
     (``consumer-kit dlq``), each broker operation bounded by ``settings.settle_timeout`` seconds."""
     return RabbitMQDeadLetters(settings.broker_url, timeout=settings.settle_timeout)

@@ -91,7 +91,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings
 from .consumer import ServiceBusConsumer
@@ -140,7 +140,7 @@ def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
     )
 
 
-def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
+def publisher_from_settings(settings: BrokerSettings) -> ServiceBusPublisher:
     """Entry point ``consumer_kit.brokers: servicebus``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirmation.
 
@@ -155,7 +155,7 @@ def publisher_from_settings(settings: Settings) -> ServiceBusPublisher:
     )
 
 
-def dead_letters_from_settings(settings: Settings) -> ServiceBusDeadLetters:
+def dead_letters_from_settings(settings: BrokerSettings) -> ServiceBusDeadLetters:
     """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
     subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
     :mod:`consumer_kit.adapters.servicebus.dead_letters`); a redrive's receive waits

@@ -24,44 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings
+from consumer_kit.settings.servicebus import ServiceBusSettings  # the settings tree's servicebus group
+
+__all__ = ["SCHEMES", "Namespace", "ServiceBusConfig", "ServiceBusSettings", "connection_string_fields"]
 
 SCHEMES = ("servicebus", "sb")
 """Broker URL schemes this adapter is registered for (``consumer_kit.brokers`` entry points)."""
-
-
-class ServiceBusSettings(BaseSettings):
-    """The adapter's settings, read from the environment with prefix ``CONSUMER_KIT_SERVICEBUS_``.
-
-    Durations are in seconds.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="CONSUMER_KIT_SERVICEBUS_", env_file=None, extra="ignore")
-
-    connection_string: SecretStr | None = Field(
-        default=None,
-        description="Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=... (with the broker URL"
-        " servicebus://). Unset: Microsoft Entra ID sign-in to the URL's namespace.",
-    )
-    session_entities: list[str] = Field(
-        default=[],
-        description="Queues (or topic/Subscriptions/name paths) that require sessions: consumed one"
-        " session at a time per receiver, in order; the session id is the partition key.",
-    )
-    receive_wait: float = Field(
-        default=1.0, gt=0, le=60,
-        description="Longest wait of one receive call for a first message (bounds how long pause and"
-        " shutdown wait for a receive in progress).",
-    )
-    publish_batch_max_messages: int = Field(
-        default=100, ge=1, le=4500,
-        description="Most events per ServiceBusMessageBatch. Set 1 for partitioned entities with"
-        " duplicate detection, which refuse batches of distinct message ids.",
-    )
 
 
 @dataclass(frozen=True)
@@ -146,7 +116,7 @@ class ServiceBusConfig:
     adapter: ServiceBusSettings
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ServiceBusConfig:
+    def from_settings(cls, settings: BrokerSettings) -> ServiceBusConfig:
         """Read ``settings.broker_url`` and the ``CONSUMER_KIT_SERVICEBUS_*`` environment.
 
         Raises:

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SQSConfig
 from .connection import SQSClient
@@ -136,7 +136,7 @@ def consumer_from_settings(settings: Settings) -> SQSConsumer:
     )
 
 
-def publisher_from_settings(settings: Settings) -> SQSPublisher:
+def publisher_from_settings(settings: BrokerSettings) -> SQSPublisher:
     """Entry point ``consumer_kit.brokers: sqs``: a publisher for ``settings.broker_url``.
 
     Raises:
@@ -145,7 +145,7 @@ def publisher_from_settings(settings: Settings) -> SQSPublisher:
     return SQSPublisher(SQSConfig.from_url(settings.broker_url))
 
 
-def dead_letters_from_settings(settings: Settings) -> SQSDeadLetters:
+def dead_letters_from_settings(settings: BrokerSettings) -> SQSDeadLetters:
     """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
     ``settings.broker_url`` (``consumer-kit dlq``; :mod:`consumer_kit.adapters.sqs.dead_letters`).
 

@@ -33,16 +33,14 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.settings.sqs import MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS, SQSURLOptions
 
-MAX_WAIT_SECONDS = 20
-"""SQS's longest long poll (``WaitTimeSeconds``)."""
-
-MAX_VISIBILITY_SECONDS = 43_200
-"""SQS's longest visibility timeout: 12 hours, counted from the receive."""
+__all__ = ["MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "SQSConfig"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-_KNOWN = {"region", "tls", "wait", "visibility", "heartbeat", "create_queues"}
+_KNOWN = set(SQSURLOptions.model_fields)  # the settings tree's sqs group states each option
+_DEFAULT_WAIT = int(str(SQSURLOptions.default("wait")))
 
 
 @dataclass(frozen=True)
@@ -62,10 +60,10 @@ class SQSConfig:
     endpoint_url: str | None = None
     region: str | None = None
     account_id: str | None = None
-    wait_seconds: int = 10
+    wait_seconds: int = _DEFAULT_WAIT
     visibility_timeout: int | None = None
-    heartbeat: bool = True
-    create_queues: bool = False
+    heartbeat: bool = bool(SQSURLOptions.default("heartbeat"))
+    create_queues: bool = bool(SQSURLOptions.default("create_queues"))
 
     @classmethod
     def from_url(cls, url: str) -> SQSConfig:
@@ -87,7 +85,7 @@ class SQSConfig:
         unknown = sorted(set(options) - _KNOWN)
         if unknown:
             raise ConfigurationError(f"unknown sqs:// option(s) {', '.join(unknown)}; known: {sorted(_KNOWN)}")
-        tls = _flag(options, "tls", True)
+        tls = _flag(options, "tls", bool(SQSURLOptions.default("tls")))
         endpoint = f"{'https' if tls else 'http'}://{parts.netloc}" if parts.netloc else None
         account = parts.path.strip("/") or None
         if account is not None and not (account.isdigit() and len(account) == 12):
@@ -97,13 +95,13 @@ class SQSConfig:
             endpoint_url=endpoint,
             region=options.get("region") or None,
             account_id=account,
-            wait_seconds=_bounded(options.get("wait", "10"), "wait", 0, MAX_WAIT_SECONDS),
+            wait_seconds=_bounded(options.get("wait", str(_DEFAULT_WAIT)), "wait", 0, MAX_WAIT_SECONDS),
             visibility_timeout=(
                 None if visibility is None
                 else _bounded(visibility, "visibility", 1, MAX_VISIBILITY_SECONDS)
             ),
-            heartbeat=_flag(options, "heartbeat", True),
-            create_queues=_flag(options, "create_queues", False),
+            heartbeat=_flag(options, "heartbeat", cls.heartbeat),
+            create_queues=_flag(options, "create_queues", cls.create_queues),
         )
 
 

@@ -19,8 +19,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
+import click
 import psycopg
 import typer
+from click.core import ParameterSource
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 from rich.console import Console
@@ -30,50 +32,55 @@ from rich.text import Text
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.plain_text import escape_controls
 from consumer_kit.redaction import redact_url
-from consumer_kit.settings import DatabaseSettings, Settings, unknown_variables
+from consumer_kit.settings import (
+    BrokerSettings,
+    ConsoleSettings,
+    DatabaseSettings,
+    GroupSettings,
+    all_env_names,
+    unknown_variables,
+)
 
 EXIT_USAGE = 2
 
-SettingsT = TypeVar("SettingsT", bound=DatabaseSettings)
+SettingsT = TypeVar("SettingsT", bound=GroupSettings)
 
 OWN_LOGGERS = ("consumer_kit",)
 """The loggers ``--log-level`` applies to; every other library's follow ``--library-log-level``."""
 
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
 LogLevel = Annotated[
     str,
     typer.Option(
-        "--log-level", envvar="CONSUMER_KIT_LOG_LEVEL",
+        "--log-level",
         help="Level of consumer-kit's own logs (consumer_kit.*): DEBUG (every "
-        "delivery), INFO, WARNING, ERROR",
+        "delivery), INFO, WARNING, ERROR [env CONSUMER_KIT_LOG_LEVEL]",
     ),
 ]
 LibraryLogLevel = Annotated[
     str,
     typer.Option(
-        "--library-log-level", envvar="CONSUMER_KIT_LIBRARY_LOG_LEVEL",
-        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR",
+        "--library-log-level",
+        help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR "
+        "[env CONSUMER_KIT_LIBRARY_LOG_LEVEL]",
     ),
 ]
 """The two logging options of every command (:func:`setup_logging`)."""
 
-LOG_FORMATS = ("text", "json")
-
 LogFormat = Annotated[
     str,
     typer.Option(
-        "--log-format", envvar="CONSUMER_KIT_LOG_FORMAT",
+        "--log-format",
         help="text (one line per record) or json (one JSON object per record, with the delivery "
-        "line's fields: outcome, operation_key, message_id, event_ids, correlation_id, ...)",
+        "line's fields: outcome, operation_key, message_id, event_ids, correlation_id, ...) "
+        "[env CONSUMER_KIT_LOG_FORMAT]",
     ),
 ]
 MetricsPort = Annotated[
     int | None,
     typer.Option(
-        "--metrics-port", envvar="CONSUMER_KIT_METRICS_PORT", min=1, max=65535,
+        "--metrics-port", min=1, max=65535,
         help="Serve metrics in Prometheus format at http://HOST:PORT/metrics, HOST from --metrics-host "
-        "(needs the otel extra)",
+        "(needs the otel extra) [env CONSUMER_KIT_METRICS_PORT]",
     ),
 ]
 MetricsHost = Annotated[
@@ -95,9 +102,9 @@ HealthHost = Annotated[
 Otel = Annotated[
     bool,
     typer.Option(
-        "--otel", envvar="CONSUMER_KIT_OTEL",
+        "--otel",
         help="Export traces and metrics by OTLP, configured by the standard OTEL_* variables "
-        "(OTEL_EXPORTER_OTLP_ENDPOINT, ...; needs the otel extra)",
+        "(OTEL_EXPORTER_OTLP_ENDPOINT, ...; needs the otel extra) [env CONSUMER_KIT_OTEL]",
     ),
 ]
 """The telemetry options of ``consumer-kit worker`` and ``outbox-relay``
@@ -113,7 +120,7 @@ Embedded = Annotated[
 ]
 
 
-def setup_logging(level: str, library_level: str = "WARNING", log_format: str = "text") -> None:
+def setup_logging(level: str, library_level: str = "WARNING", log_format: str = "text") -> ConsoleSettings:
     """One line per record on stderr: consumer-kit's own loggers (:data:`OWN_LOGGERS`) at
     ``level``, every other library (aio-pika, aiormq, psycopg, pgserver, ...) at
     ``library_level``, so ``--log-level DEBUG`` shows each delivery without AMQP frame dumps.
@@ -121,17 +128,22 @@ def setup_logging(level: str, library_level: str = "WARNING", log_format: str = 
     (:class:`consumer_kit.telemetry.logs.JsonFormatter`); either format writes exceptions as
     frames-only tracebacks (an exception's text may quote the payload).
 
+    Each argument is the command's option: typed, it wins; left at the command's default, the
+    ``console`` group's variable (``CONSUMER_KIT_LOG_LEVEL``, ...) wins over that default.
+    Returns the ``console`` group as read, its logging fields as applied.
+
     Raises:
         typer.Exit: (code 2) a level that is not one of :data:`LEVELS`, or a format that is not
-            one of :data:`LOG_FORMATS`.
+            one of :data:`LOG_FORMATS` (one line naming the option or the variable).
     """
     from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 
-    own, libraries = _level(level, "--log-level"), _level(library_level, "--library-log-level")
-    if log_format not in LOG_FORMATS:
-        fail(f"--log-format={log_format}: must be one of {', '.join(LOG_FORMATS)}")
+    console = read_console(log_level=level, library_log_level=library_level, log_format=log_format)
+    own = _effective(console, "log_level", level)
+    libraries = _effective(console, "library_log_level", library_level)
+    chosen_format = _effective(console, "log_format", log_format)
     text = "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"
-    formatter = JsonFormatter() if log_format == "json" else SafeTextFormatter(text)
+    formatter = JsonFormatter() if chosen_format == "json" else SafeTextFormatter(text)
     root = logging.getLogger()
     if not root.handlers:
         stderr = logging.StreamHandler(sys.stderr)
@@ -141,15 +153,43 @@ def setup_logging(level: str, library_level: str = "WARNING", log_format: str = 
         for handler in root.handlers:
             if type(handler) is logging.StreamHandler:
                 handler.setFormatter(formatter)
-    logging.getLogger().setLevel(libraries)
+    logging.getLogger().setLevel(int(getattr(logging, libraries.upper())))
     for name in OWN_LOGGERS:
-        logging.getLogger(name).setLevel(own)
+        logging.getLogger(name).setLevel(int(getattr(logging, own.upper())))
+    return console.model_copy(update={"log_level": own, "library_log_level": libraries, "log_format": chosen_format})
 
 
-def _level(name: str, option: str) -> int:
-    if name.upper() not in LEVELS:
-        fail(f"{option}={name}: must be one of {', '.join(LEVELS)} (e.g. INFO)")
-    return int(getattr(logging, name.upper()))
+CONSOLE_OPTIONS = {
+    "log_level": "--log-level", "library_log_level": "--library-log-level", "log_format": "--log-format",
+    "metrics_port": "--metrics-port", "metrics_host": "--metrics-host", "otel": "--otel",
+}
+"""``console`` group field -> the option every command spells it as."""
+
+
+def read_console(**options: object) -> ConsoleSettings:
+    """The ``console`` group: the environment, with each of ``options`` (field -> the command's
+    value) that the user typed winning over it; a value left at the command's default does not
+    (:func:`_typed`). Exits 2 with one line per refused setting."""
+    typed = {name: _typed(name, value) for name, value in options.items()}
+    try:  # misspelt variables are reported once, by the command's own read_settings
+        return ConsoleSettings.from_environment(options=CONSOLE_OPTIONS, **typed)
+    except ConfigurationError as exc:
+        fail(str(exc))
+
+
+def _typed(parameter: str, value: object) -> object | None:
+    """``value`` if the user gave option ``parameter`` on the command line, else ``None`` (the
+    command's default, which a variable may override). Outside a command: ``value``."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return value
+    source = context.get_parameter_source(parameter)
+    return None if source in (None, ParameterSource.DEFAULT) else value
+
+
+def _effective(console: ConsoleSettings, field: str, default: str) -> str:
+    """The option or variable behind ``field`` when set, else the command's own ``default``."""
+    return str(getattr(console, field)) if field in console.model_fields_set else default
 
 
 def read_settings(
@@ -158,7 +198,8 @@ def read_settings(
     """``cls`` from the environment and the command's options (``None``: not given), or exit 2
     with one ``error:`` line per refused setting (variable, unit, range, example). Warns about
     ``CONSUMER_KIT_*`` variables that look like a misspelt setting."""
-    for unknown in unknown_variables(set(cls.model_fields)):
+    known = ConsoleSettings.env_names() | cls.env_names()  # every command reads the console group too
+    for unknown in unknown_variables(known, everywhere=all_env_names()):
         logging.getLogger("consumer_kit.settings").warning("ignoring %s", unknown)
     try:
         return cls.from_environment(options=options, **overrides)
@@ -183,7 +224,7 @@ def require_database(settings: DatabaseSettings, program: str) -> None:
         )
 
 
-def require_shared_broker(settings: Settings, program: str) -> None:
+def require_shared_broker(settings: BrokerSettings, program: str) -> None:
     """Refuse ``memory://`` in a standalone process: nothing outside this process can reach it, so a
     worker would wait forever and a relay would mark events published that went nowhere.
 

@@ -52,7 +52,7 @@ from consumer_kit.decoding import decode
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import InvalidMessage
 from consumer_kit.mark_setup import install_mark_keys
-from consumer_kit.settings import Settings
+from consumer_kit.settings import BrokerSettings, ConsoleSettings
 from consumer_kit.stats import failure_times
 
 T = TypeVar("T")
@@ -139,7 +139,7 @@ def redrive(
         total = await dead.count(queue)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=output(stderr=True), disable=not sys.stderr.isatty() and "CONSUMER_KIT_PROGRESS" not in os.environ,
+            console=output(stderr=True), disable=not sys.stderr.isatty() and not read_settings(ConsoleSettings).progress,
         ) as progress:
             # a description is read as markup: the queue's name goes in escaped
             task = progress.add_task(escape(f"{'checking' if dry_run else 'redriving'} {plain(queue)}"), total=total)
@@ -160,8 +160,8 @@ def redrive(
         raise typer.Exit(1)
 
 
-def _settings() -> Settings:
-    settings = read_settings(Settings)
+def _settings() -> BrokerSettings:
+    settings = read_settings(BrokerSettings)
     with user_errors(settings):
         require_shared_broker(settings, "consumer-kit dlq")
     return settings
@@ -176,7 +176,7 @@ def _app(path: str | None) -> App | None:
     raise AssertionError("unreachable")  # user_errors exits on every error
 
 
-def _with_dead_letters(settings: Settings, work: Callable[[DeadLetterQueues], Awaitable[T]]) -> T:
+def _with_dead_letters(settings: BrokerSettings, work: Callable[[DeadLetterQueues], Awaitable[T]]) -> T:
     from consumer_kit.brokers import open_dead_letters
 
     async def run() -> T:
@@ -208,7 +208,7 @@ def _operation_key(app: App | None, letter: DeadLetter) -> str | None:
         return None
 
 
-async def _rows(settings: Settings, app: App | None, letters: list[DeadLetter]) -> list[Row]:
+async def _rows(settings: BrokerSettings, app: App | None, letters: list[DeadLetter]) -> list[Row]:
     keys = [_operation_key(app, letter) for letter in letters]
     times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
     if settings.database_url is not None and not settings.embedded and any(keys):

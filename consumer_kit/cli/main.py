@@ -28,6 +28,7 @@ from consumer_kit.cli.console import (
     MetricsHost,
     MetricsPort,
     Otel,
+    read_console,
     read_settings,
     require_database,
     require_shared_broker,
@@ -40,7 +41,7 @@ from consumer_kit.cli.prune import prune
 from consumer_kit.cli.stats import stats as stats_command
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
-from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
+from consumer_kit.settings import EMBEDDED, ConsoleSettings, DatabaseSettings, Settings
 from consumer_kit.telemetry.setup import install
 
 cli = typer.Typer(
@@ -125,11 +126,11 @@ def worker(
     Needs CONSUMER_KIT_BROKER_URL and CONSUMER_KIT_DATABASE_URL (or --embedded). With
     --metrics-port and --processes N, the processes serve ports PORT to PORT+N-1. The health
     endpoint (CONSUMER_KIT_HEALTH_PORT) listens on --health-host."""
-    setup_logging(log_level, library_log_level, log_format)
+    console = setup_logging(log_level, library_log_level, log_format)  # logging as applied
+    telemetry = read_console(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
     settings = read_settings(
-        Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None,
-        metrics_host=metrics_host, health_host=health_host,
-        options={"concurrency": "--concurrency", "metrics_host": "--metrics-host", "health_host": "--health-host"},
+        Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None, health_host=health_host,
+        options={"concurrency": "--concurrency", "health_host": "--health-host"},
     )
     migrate_first = migrate_first or settings.embedded  # nobody runs `migrate` on a throwaway database
     sys.path.insert(0, os.getcwd())  # like uvicorn: APP may live in the current directory
@@ -140,43 +141,45 @@ def worker(
             from consumer_kit.supervisor import Supervisor, child_environment, worker_command
 
             env = child_environment(database_url(settings))
-            extra = ["--log-level", log_level, "--library-log-level", library_log_level]
-            extra += ["--log-format", log_format]
+            extra = ["--log-level", console.log_level, "--library-log-level", console.library_log_level]
+            extra += ["--log-format", console.log_format]
             extra += ["--migrate"] if migrate_first else []
             if concurrency:
                 extra += ["--concurrency", str(concurrency)]
-            if metrics_port is not None:
-                extra += ["--metrics-port", str(metrics_port), "--metrics-host", settings.metrics_host]
+            if telemetry.metrics_port is not None:
+                extra += ["--metrics-port", str(telemetry.metrics_port), "--metrics-host", telemetry.metrics_host]
                 env[PORT_RANGE_VARIABLE] = str(processes)
             extra += ["--health-host", settings.health_host]
-            extra += ["--otel"] if otel else []
+            extra += ["--otel"] if telemetry.otel else []
             raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
         from consumer_kit.worker import Worker
 
         application = load_app(app)
         installed = install(
-            service_name="consumer-kit-worker", metrics_port=metrics_port, metrics_addr=settings.metrics_host, otel=otel,
-            port_range=int(os.environ.get(PORT_RANGE_VARIABLE, "1")),
+            service_name="consumer-kit-worker", metrics_port=telemetry.metrics_port,
+            metrics_addr=telemetry.metrics_host, otel=telemetry.otel, port_range=telemetry.metrics_port_range,
         )
         try:
             worker = Worker(application, settings, migrate_schema=migrate_first)
-            asyncio.run(_with_gauges(worker.run(), settings, metrics_port is not None or otel))
+            gauges = telemetry.metrics_port is not None or telemetry.otel
+            asyncio.run(_with_gauges(worker.run(), settings, gauges, telemetry.metrics_interval))
         finally:
             installed.shutdown()
 
 
-PORT_RANGE_VARIABLE = "CONSUMER_KIT_METRICS_PORT_RANGE"
+PORT_RANGE_VARIABLE = ConsoleSettings.env_name_of("metrics_port_range")
 """Set by a supervisor for its children: how many ports from --metrics-port they may take."""
 
 
-async def _with_gauges(run: Coroutine[Any, Any, None], settings: Settings, gauges: bool) -> None:
-    """Run the worker, refreshing the ledger gauges meanwhile when metrics are exported."""
+async def _with_gauges(run: Coroutine[Any, Any, None], settings: Settings, gauges: bool, interval: float) -> None:
+    """Run the worker, refreshing the ledger gauges every ``interval`` seconds meanwhile when
+    metrics are exported."""
     if not gauges:
         await run
         return
     from consumer_kit.telemetry.gauges import DatabaseGauges
 
-    async with DatabaseGauges(database_url(settings), settings.db_schema, ledger=True):
+    async with DatabaseGauges(database_url(settings), settings.db_schema, ledger=True, interval=interval):
         await run
 
 

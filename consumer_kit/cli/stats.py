@@ -15,8 +15,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from consumer_kit.cli.console import Embedded, Field, fail, output, print_records, to_json
+from consumer_kit.cli.console import Embedded, Field, fail, output, print_records, read_settings, to_json
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
+from consumer_kit.settings import OutboxSettings
 from consumer_kit.stats import Stats, StatsReader
 
 COLUMNS = (
@@ -31,8 +32,9 @@ COLUMNS = (
 def stats(
     since: Annotated[str, typer.Option(help="Window: 30s, 10m, 1h, 1d")] = "1h",
     max_attempts: Annotated[
-        int, typer.Option(min=1, envvar="CONSUMER_KIT_RELAY_MAX_ATTEMPTS", help="The relay's parking bound")
-    ] = 20,
+        int | None,
+        typer.Option(min=1, help="The relay's parking bound (default CONSUMER_KIT_RELAY_MAX_ATTEMPTS, else 20)"),
+    ] = None,
     schema: Schema = None,
     as_json: AsJson = False,
     embedded: Embedded = False,
@@ -43,6 +45,8 @@ def stats(
     except ValueError as exc:
         fail(f"--since: {exc}")
     settings = _settings(schema, embedded)
+    if max_attempts is None:  # the relay's setting, read from the relay's group
+        max_attempts = read_settings(OutboxSettings, db_schema=settings.db_schema).relay_max_attempts
     reader = StatsReader(settings.db_schema, max_attempts=max_attempts)
     result = _run(settings, lambda conn: reader.read(conn, since=seconds))
     if as_json:

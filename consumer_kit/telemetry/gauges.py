@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
@@ -25,7 +24,6 @@ from typing import Any, Protocol
 import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from consumer_kit.errors import ConfigurationError
 from consumer_kit.stats import LedgerPressure, OutboxPressure, StatsReader
 from consumer_kit.telemetry.describe import describe_error
 from consumer_kit.telemetry.metrics import BY_NAME, OPERATION_TYPE, SCHEMA, meter
@@ -33,29 +31,8 @@ from consumer_kit.telemetry.metrics import BY_NAME, OPERATION_TYPE, SCHEMA, mete
 logger = logging.getLogger("consumer_kit.telemetry")
 
 DEFAULT_INTERVAL = 15.0
-"""Seconds between refreshes (Prometheus' default scrape interval)."""
-
-INTERVAL_VARIABLE = "CONSUMER_KIT_METRICS_INTERVAL"
-"""Overrides :data:`DEFAULT_INTERVAL` for the CLIs (seconds, > 0)."""
-
-
-def interval_from_environment() -> float:
-    """``CONSUMER_KIT_METRICS_INTERVAL`` seconds, else :data:`DEFAULT_INTERVAL`.
-
-    Raises:
-        ConfigurationError: not a number above 0.
-    """
-    text = os.environ.get(INTERVAL_VARIABLE, "")
-    if not text:
-        return DEFAULT_INTERVAL
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise ConfigurationError(f"{INTERVAL_VARIABLE}={text!r}: seconds between gauge refreshes, above 0 (e.g. 15)")
-    return seconds
-
+"""Seconds between refreshes (Prometheus' default scrape interval); the CLIs pass the ``console``
+group's ``CONSUMER_KIT_METRICS_INTERVAL`` instead."""
 
 class _Pausable(Protocol):
     @property
@@ -83,7 +60,7 @@ class DatabaseGauges:
         ledger: report ``consumer_kit.ledger.*`` (the worker).
         outbox: report ``consumer_kit.outbox.pending``, ``.pending.oldest_age``, ``.parked`` (the relay).
         max_attempts: the relay's ``relay_max_attempts`` (what counts as parked).
-        interval: seconds between refreshes (> 0; default :func:`interval_from_environment`).
+        interval: seconds between refreshes (> 0; default :data:`DEFAULT_INTERVAL`).
         statement_timeout: seconds each refresh may take.
     """
 
@@ -91,7 +68,7 @@ class DatabaseGauges:
         self, database_url: str, schema: str, *, ledger: bool = False, outbox: bool = False,
         max_attempts: int = 20, interval: float | None = None, statement_timeout: float = 5.0,
     ) -> None:
-        interval = interval_from_environment() if interval is None else interval
+        interval = DEFAULT_INTERVAL if interval is None else interval
         if interval <= 0:
             raise ValueError("interval must be > 0 seconds")
         self.database_url = database_url
