@@ -48,7 +48,7 @@ def count(
     """An integer field of ``unit`` (deliveries, rows, ...) within ``minimum..maximum``."""
     return Field(
         default=default, ge=minimum, le=maximum,
-        description=f"{description} {unit.capitalize()}, {minimum} to {maximum} (e.g. {example}).",
+        description=f"{description} {unit[:1].upper()}{unit[1:]}, {minimum} to {maximum} (e.g. {example}).",
         json_schema_extra={"unit": unit, "minimum": minimum, "maximum": maximum, "example": str(example)},
     )
 

@@ -78,7 +78,10 @@ class WorkerSettings(BrokerSettings):
         default=[1.0, 5.0, 30.0],
         description="Backoff per retry after a handler fault; the last one repeats:"
         f" {_DELAYS_RULE} (e.g. 1,5,30 or [1, 5, 30]). RabbitMQ: one retry queue per distinct delay.",
-        json_schema_extra={"rule": _DELAYS_RULE, "example": "1,5,30"},
+        json_schema_extra={
+            "rule": _DELAYS_RULE, "example": "1,5,30", "unit": "seconds",
+            "range": f"1 to {_RETRY_TIERS_MAX} values, each 0 to {_RETRY_DELAY_MAX:g}",
+        },
     )
     in_progress_delay: float = seconds(
         2.0, minimum=0.05, maximum=3600, example=2,
