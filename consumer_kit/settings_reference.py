@@ -2,7 +2,7 @@
 so it cannot drift from the code: one table per group with each setting's environment variable (or
 URL option), type, unit, range, default and description.
 
-``python -m consumer_kit.settings_reference > docs/reference/settings.md`` writes the page.
+``python -m consumer_kit.settings_reference`` prints it.
 """
 
 from __future__ import annotations
@@ -96,19 +96,10 @@ def _cell(text: str) -> str:
 
 
 def render_markdown() -> str:
-    """The whole reference page as Markdown: a title, how to read it, then per group a heading,
-    who reads it, and a table of its settings."""
-    lines = [
-        "# Settings reference",
-        "",
-        "Generated from `consumer_kit.settings.SETTINGS_GROUPS` by `python -m consumer_kit.settings_reference`;"
-        " do not edit by hand. How the tree is organised: [Configure consumer-kit](../how-to/configure.md).",
-        "",
-        "Every setting is an environment variable (the `sqs` group: an option of the `sqs://` broker URL)."
-        " A value out of range is refused at start-up with one line naming the variable, the unit,"
-        " the range and an example.",
-        "",
-    ]
+    """The settings reference as Markdown, for a page that has its own title and introduction
+    (the docs' ``<!-- generated: settings -->`` marker): per group a ``##`` heading, who reads it,
+    and a table of its settings (variable or URL option, type, unit, range, default, description)."""
+    lines: list[str] = []
     for group in SETTINGS_GROUPS:
         lines += [f"## {group}", "", GROUP_READERS.get(group, ""), ""]
         lines += [
