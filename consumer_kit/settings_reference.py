@@ -92,7 +92,7 @@ def _default(field: FieldInfo) -> str:
 
 def _cell(text: str) -> str:
     """A Markdown table cell: pipes escaped, no line breaks."""
-    return text.replace("|", "\\|").replace("\n", " ") or "–"
+    return text.replace("|", "\\|").replace("\n", " ") or "-"
 
 
 def render_markdown() -> str:

@@ -21,8 +21,8 @@ from consumer_kit import ConfigurationError, Settings
 from consumer_kit.cli.main import cli
 from consumer_kit.health import Health
 from consumer_kit.outbox_relay import Relay, RelaySettings
-from consumer_kit.settings import ConsoleSettings
 from consumer_kit.outbox_relay.cli import app as relay_cli
+from consumer_kit.settings import ConsoleSettings
 from tests.broker_env import Env
 from tests.test_first_hour import closed_port, stop_gracefully
 from tests.test_relay_support import relay_settings

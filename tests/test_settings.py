@@ -20,7 +20,6 @@ from consumer_kit.settings import (
     GroupSettings,
     Settings,
     WorkerSettings,
-    env_name,
     number,
     own_fields,
     unknown_variables,

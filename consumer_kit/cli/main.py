@@ -19,6 +19,7 @@ import psycopg
 import typer
 
 from consumer_kit.app import App, load_app
+from consumer_kit.cli.asyncapi import asyncapi as asyncapi_command
 from consumer_kit.cli.console import (
     Embedded,
     HealthHost,
@@ -233,6 +234,7 @@ cli.add_typer(ledger_cli, name="ledger")
 cli.command("stats")(stats_command)
 cli.add_typer(dlq_cli, name="dlq")
 cli.command("prune")(prune)
+cli.command("asyncapi")(asyncapi_command)
 
 
 def main() -> None:
