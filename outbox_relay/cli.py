@@ -34,8 +34,8 @@ from consumer_kit.cli.console import (
     MetricsPort,
     Otel,
     plain,
-    read_console,
     read_settings,
+    read_telemetry,
     require_database,
     require_shared_broker,
     setup_logging,
@@ -127,7 +127,7 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     setup_logging(log_level, library_log_level, log_format)
-    telemetry = read_console(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
+    telemetry = read_telemetry(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
     settings = read_settings(
         RelaySettings,
         options=OPTIONS,

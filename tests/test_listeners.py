@@ -22,7 +22,7 @@ from consumer_kit.cli.main import cli
 from consumer_kit.health import Health
 from consumer_kit.outbox_relay import Relay, RelaySettings
 from consumer_kit.outbox_relay.cli import app as relay_cli
-from consumer_kit.settings import ConsoleSettings
+from consumer_kit.settings import TelemetrySettings
 from tests.broker_env import Env
 from tests.test_first_hour import closed_port, stop_gracefully
 from tests.test_relay_support import relay_settings
@@ -60,12 +60,12 @@ def test_the_defaults_are_health_on_this_host_only_and_metrics_on_every_interfac
 ) -> None:
     for name in ("CONSUMER_KIT_HEALTH_HOST", "CONSUMER_KIT_METRICS_HOST", "CONSUMER_KIT_RELAY_HEALTH_HOST"):
         monkeypatch.delenv(name, raising=False)
-    assert (Settings().health_host, ConsoleSettings().metrics_host) == ("127.0.0.1", "0.0.0.0")
+    assert (Settings().health_host, TelemetrySettings().metrics_host) == ("127.0.0.1", "0.0.0.0")
     assert RelaySettings().relay_health_host == "127.0.0.1"
     monkeypatch.setenv("CONSUMER_KIT_HEALTH_HOST", "0.0.0.0")
     monkeypatch.setenv("CONSUMER_KIT_METRICS_HOST", "[::1]")
     monkeypatch.setenv("CONSUMER_KIT_RELAY_HEALTH_HOST", "localhost")
-    assert (Settings().health_host, ConsoleSettings().metrics_host) == ("0.0.0.0", "::1")
+    assert (Settings().health_host, TelemetrySettings().metrics_host) == ("0.0.0.0", "::1")
     assert RelaySettings().relay_health_host == "localhost"
 
 
@@ -73,7 +73,7 @@ def test_the_defaults_are_health_on_this_host_only_and_metrics_on_every_interfac
 def test_a_bad_host_is_a_configuration_error_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, bad: str
 ) -> None:
-    for variable, group in (("CONSUMER_KIT_HEALTH_HOST", Settings), ("CONSUMER_KIT_METRICS_HOST", ConsoleSettings)):
+    for variable, group in (("CONSUMER_KIT_HEALTH_HOST", Settings), ("CONSUMER_KIT_METRICS_HOST", TelemetrySettings)):
         monkeypatch.setenv(variable, bad)
         with pytest.raises(ConfigurationError, match=f"{variable}=.*must be an IP address or a host name"):
             group.from_environment()

@@ -4,14 +4,17 @@ variable, its unit, the allowed range and an example; commands read only what th
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from typing import Any
 
 import pytest
+import typer
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from consumer_kit import Context, Envelope, Handler, Result
+from consumer_kit.cli.console import LogLevel, setup_logging
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.outbox_relay.settings import OutboxSettings, RelaySettings
 from consumer_kit.settings import (
@@ -293,3 +296,28 @@ async def test_an_idle_relay_at_the_poll_floor_claims_at_most_twenty_times_a_sec
         relay.request_stop()
         await asyncio.wait_for(task, 10)
     assert idle * 10 <= relay.counters["empty_claims"] <= idle / 0.05 + 2, relay.counters.snapshot()
+
+
+def test_the_log_level_variable_beats_the_commands_default_and_the_option_beats_both(
+    monkeypatch: pytest.MonkeyPatch, cli_logging: None
+) -> None:
+    """CONSUMER_KIT_LOG_LEVEL is read by the console group (no longer by the option parser); a bad
+    metrics variable (the telemetry group) does not break a command that exports no metrics."""
+    probe = typer.Typer()
+
+    @probe.command()
+    def run(log_level: LogLevel = "WARNING") -> None:
+        setup_logging(log_level)
+        typer.echo(logging.getLevelName(logging.getLogger("consumer_kit").level))
+
+    monkeypatch.setenv("CONSUMER_KIT_METRICS_PORT", "not-a-port")
+    assert CliRunner().invoke(probe, []).stdout == "WARNING\n"  # the command's own default
+    monkeypatch.setenv("CONSUMER_KIT_LOG_LEVEL", "debug")
+    assert CliRunner().invoke(probe, []).stdout == "DEBUG\n"
+    assert CliRunner().invoke(probe, ["--log-level", "ERROR"]).stdout == "ERROR\n"
+    monkeypatch.setenv("CONSUMER_KIT_LOG_LEVEL", "LOUD")
+    refused = CliRunner().invoke(probe, [])
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        "error: CONSUMER_KIT_LOG_LEVEL=LOUD: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (e.g. INFO)\n"
+    )

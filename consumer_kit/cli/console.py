@@ -19,10 +19,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
-import click
 import psycopg
 import typer
-from click.core import ParameterSource
 from psycopg import errors as pg_errors
 from psycopg_pool import PoolTimeout
 from rich.console import Console
@@ -37,6 +35,7 @@ from consumer_kit.settings import (
     ConsoleSettings,
     DatabaseSettings,
     GroupSettings,
+    TelemetrySettings,
     all_env_names,
     unknown_variables,
 )
@@ -48,10 +47,23 @@ SettingsT = TypeVar("SettingsT", bound=GroupSettings)
 OWN_LOGGERS = ("consumer_kit",)
 """The loggers ``--log-level`` applies to; every other library's follow ``--library-log-level``."""
 
+class CommandDefault(str):
+    """An option's value the user did not type: the command's default, which the option's
+    variable (its settings group) overrides (:func:`setup_logging`)."""
+
+
+def _mark_default(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """Option callback: wrap a text option left at its default in :class:`CommandDefault`."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if isinstance(value, str) and source is not None and source.name in ("DEFAULT", "DEFAULT_MAP"):
+        return CommandDefault(value)
+    return value
+
+
 LogLevel = Annotated[
     str,
     typer.Option(
-        "--log-level",
+        "--log-level", callback=_mark_default,
         help="Level of consumer-kit's own logs (consumer_kit.*): DEBUG (every "
         "delivery), INFO, WARNING, ERROR [env CONSUMER_KIT_LOG_LEVEL]",
     ),
@@ -59,7 +71,7 @@ LogLevel = Annotated[
 LibraryLogLevel = Annotated[
     str,
     typer.Option(
-        "--library-log-level",
+        "--library-log-level", callback=_mark_default,
         help="Level of other libraries' logs (aio-pika, aiormq, psycopg, ...): DEBUG, INFO, WARNING, ERROR "
         "[env CONSUMER_KIT_LIBRARY_LOG_LEVEL]",
     ),
@@ -69,7 +81,7 @@ LibraryLogLevel = Annotated[
 LogFormat = Annotated[
     str,
     typer.Option(
-        "--log-format",
+        "--log-format", callback=_mark_default,
         help="text (one line per record) or json (one JSON object per record, with the delivery "
         "line's fields: outcome, operation_key, message_id, event_ids, correlation_id, ...) "
         "[env CONSUMER_KIT_LOG_FORMAT]",
@@ -138,7 +150,7 @@ def setup_logging(level: str, library_level: str = "WARNING", log_format: str = 
     """
     from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 
-    console = read_console(log_level=level, library_log_level=library_level, log_format=log_format)
+    console = _read_options(ConsoleSettings, log_level=level, library_log_level=library_level, log_format=log_format)
     own = _effective(console, "log_level", level)
     libraries = _effective(console, "library_log_level", library_level)
     chosen_format = _effective(console, "log_format", log_format)
@@ -163,33 +175,35 @@ CONSOLE_OPTIONS = {
     "log_level": "--log-level", "library_log_level": "--library-log-level", "log_format": "--log-format",
     "metrics_port": "--metrics-port", "metrics_host": "--metrics-host", "otel": "--otel",
 }
-"""``console`` group field -> the option every command spells it as."""
+"""``console`` and ``telemetry`` field -> the option every command spells it as."""
 
 
-def read_console(**options: object) -> ConsoleSettings:
-    """The ``console`` group: the environment, with each of ``options`` (field -> the command's
-    value) that the user typed winning over it; a value left at the command's default does not
-    (:func:`_typed`). Exits 2 with one line per refused setting."""
+def read_telemetry(**options: object) -> TelemetrySettings:
+    """The ``telemetry`` group (the worker's and the relay's metrics and traces): the environment,
+    with each of ``options`` (field -> the command's value) that the user typed winning over it;
+    a value left at the command's default does not (:func:`_typed`). Exits 2 with one line per
+    refused setting."""
+    return _read_options(TelemetrySettings, **options)
+
+
+def _read_options(cls: type[SettingsT], **options: object) -> SettingsT:
     typed = {name: _typed(name, value) for name, value in options.items()}
     try:  # misspelt variables are reported once, by the command's own read_settings
-        return ConsoleSettings.from_environment(options=CONSOLE_OPTIONS, **typed)
+        return cls.from_environment(options=CONSOLE_OPTIONS, **typed)
     except ConfigurationError as exc:
         fail(str(exc))
 
 
 def _typed(parameter: str, value: object) -> object | None:
-    """``value`` if the user gave option ``parameter`` on the command line, else ``None`` (the
-    command's default, which a variable may override). Outside a command: ``value``."""
-    context = click.get_current_context(silent=True)
-    if context is None:
-        return value
-    source = context.get_parameter_source(parameter)
-    return None if source in (None, ParameterSource.DEFAULT) else value
+    """``value`` if the user gave option ``parameter``, else ``None``: a :class:`CommandDefault`
+    (the command's default, which a variable may override), ``None`` or ``False`` (an option not
+    given, e.g. ``--otel``)."""
+    return None if value is None or value is False or isinstance(value, CommandDefault) else value
 
 
 def _effective(console: ConsoleSettings, field: str, default: str) -> str:
     """The option or variable behind ``field`` when set, else the command's own ``default``."""
-    return str(getattr(console, field)) if field in console.model_fields_set else default
+    return str(getattr(console, field)) if field in console.model_fields_set else str(default)
 
 
 def read_settings(
@@ -198,7 +212,7 @@ def read_settings(
     """``cls`` from the environment and the command's options (``None``: not given), or exit 2
     with one ``error:`` line per refused setting (variable, unit, range, example). Warns about
     ``CONSUMER_KIT_*`` variables that look like a misspelt setting."""
-    known = ConsoleSettings.env_names() | cls.env_names()  # every command reads the console group too
+    known = ConsoleSettings.env_names() | TelemetrySettings.env_names() | cls.env_names()  # and the groups of every command
     for unknown in unknown_variables(known, everywhere=all_env_names()):
         logging.getLogger("consumer_kit.settings").warning("ignoring %s", unknown)
     try:

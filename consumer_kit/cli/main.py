@@ -29,8 +29,8 @@ from consumer_kit.cli.console import (
     MetricsHost,
     MetricsPort,
     Otel,
-    read_console,
     read_settings,
+    read_telemetry,
     require_database,
     require_shared_broker,
     setup_logging,
@@ -42,7 +42,7 @@ from consumer_kit.cli.prune import prune
 from consumer_kit.cli.stats import stats as stats_command
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
-from consumer_kit.settings import EMBEDDED, ConsoleSettings, DatabaseSettings, Settings
+from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings, TelemetrySettings
 from consumer_kit.telemetry.setup import install
 
 cli = typer.Typer(
@@ -128,7 +128,7 @@ def worker(
     --metrics-port and --processes N, the processes serve ports PORT to PORT+N-1. The health
     endpoint (CONSUMER_KIT_HEALTH_PORT) listens on --health-host."""
     console = setup_logging(log_level, library_log_level, log_format)  # logging as applied
-    telemetry = read_console(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
+    telemetry = read_telemetry(metrics_port=metrics_port, metrics_host=metrics_host, otel=otel)
     settings = read_settings(
         Settings, concurrency=concurrency, database_url=EMBEDDED if embedded else None, health_host=health_host,
         options={"concurrency": "--concurrency", "health_host": "--health-host"},
@@ -168,7 +168,7 @@ def worker(
             installed.shutdown()
 
 
-PORT_RANGE_VARIABLE = ConsoleSettings.env_name_of("metrics_port_range")
+PORT_RANGE_VARIABLE = TelemetrySettings.env_name_of("metrics_port_range")
 """Set by a supervisor for its children: how many ports from --metrics-port they may take."""
 
 

@@ -10,7 +10,8 @@ worker         :class:`WorkerSettings` (+ broker)           ``consumer-kit worke
                                                             the HTTP front door
 relay          :class:`RelaySettings` (+ broker)            ``outbox-relay`` (its maintenance
                                                             commands: :class:`OutboxSettings`)
-console        :class:`ConsoleSettings`                     every command: logs, metrics, traces
+console        :class:`ConsoleSettings`                     every command: logs, progress bars
+telemetry      :class:`TelemetrySettings`                   the worker and the relay: metrics, traces
 servicebus     :class:`ServiceBusSettings`                  the Service Bus adapter
 sqs            :class:`SQSURLOptions` (URL options)         the SQS adapter
 =============  ===========================================  =====================================
@@ -30,7 +31,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from .broker import BrokerSettings
-from .console import LEVELS, LOG_FORMATS, ConsoleSettings
+from .console import LEVELS, LOG_FORMATS, ConsoleSettings, TelemetrySettings
 from .database import EMBEDDED, DatabaseSettings
 from .fields import ENV_PREFIX, GroupSettings, count, env_name, example, number, seconds, unknown_variables
 from .relay import OutboxSettings, RelaySettings, RouteTarget, default_relay_id
@@ -44,6 +45,7 @@ SETTINGS_GROUPS: dict[str, type[BaseModel]] = {
     "worker": WorkerSettings,
     "relay": RelaySettings,
     "console": ConsoleSettings,
+    "telemetry": TelemetrySettings,
     "servicebus": ServiceBusSettings,
     "sqs": SQSURLOptions,
 }
@@ -59,8 +61,10 @@ GROUP_READERS: dict[str, str] = {
     "worker": "consumer-kit worker and declare; the HTTP front door (its timeouts and pool).",
     "relay": "outbox-relay; its maintenance commands (status, requeue, cleanup) read only the"
     " database group and the RELAY_MAX_ATTEMPTS, RELAY_RETENTION and RELAY_CLEANUP_BATCH settings.",
-    "console": "Every command-line program (consumer-kit, outbox-relay); an option such as"
-    " --log-level wins over the variable.",
+    "console": "Every command-line program (consumer-kit, outbox-relay): logs and progress bars;"
+    " an option such as --log-level wins over the variable.",
+    "telemetry": "consumer-kit worker and outbox-relay: metrics and traces; an option such as"
+    " --metrics-port wins over the variable.",
     "servicebus": "The Service Bus adapter (broker URL servicebus://).",
     "sqs": "The SQS adapter: options of the sqs:// broker URL, not environment variables.",
 }
@@ -105,6 +109,7 @@ __all__ = [
     "RelaySettings",
     "RouteTarget",
     "SQSURLOptions",
+    "TelemetrySettings",
     "ServiceBusSettings",
     "Settings",
     "WorkerSettings",

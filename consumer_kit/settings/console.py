@@ -1,6 +1,6 @@
-"""The ``console`` group: what every command-line program shares: its logs, its metrics and
-traces, its progress bars. A command-line option (``--log-level``, ``--metrics-port``, ...) wins
-over the variable.
+"""The ``console`` group (what every command-line program shares: its logs and progress bars) and
+the ``telemetry`` group (metrics and traces of the long-running ones: the worker and the relay).
+A command-line option (``--log-level``, ``--metrics-port``, ...) wins over the variable.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _FORMAT_RULE = f"must be one of {', '.join(LOG_FORMATS)}"
 
 
 class ConsoleSettings(GroupSettings):
-    """Logging, metrics and tracing of ``consumer-kit`` and ``outbox-relay`` (``CONSUMER_KIT_*``).
+    """Logs and progress bars of every ``consumer-kit`` and ``outbox-relay`` command.
 
     Raises (on construction):
         pydantic.ValidationError: a value out of range or not one of the allowed words.
@@ -37,6 +37,34 @@ class ConsoleSettings(GroupSettings):
         "json", "text (one line per record) or json (one JSON object per record).",
         default="text", rule=_FORMAT_RULE,
     )
+    progress: bool = example(
+        "true", "Show progress bars (dlq redrive) even when stderr is not a terminal.",
+        default=False, rule="must be true or false",
+    )
+
+    @field_validator("log_level", "library_log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in LEVELS:
+            raise ValueError(_LEVEL_RULE)
+        return value.upper()
+
+    @field_validator("log_format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.lower() not in LOG_FORMATS:
+            raise ValueError(_FORMAT_RULE)
+        return value.lower()
+
+
+class TelemetrySettings(GroupSettings):
+    """Metrics and traces of ``consumer-kit worker`` and ``outbox-relay`` (the one-shot commands
+    read none of it, so a bad metrics setting cannot break ``migrate``).
+
+    Raises (on construction):
+        pydantic.ValidationError: a value out of range.
+    """
+
     metrics_port: int | None = count(
         None, unit="TCP port", minimum=1, maximum=65_535, example=9464,
         description="Serve metrics in Prometheus format at http://METRICS_HOST:PORT/metrics"
@@ -62,24 +90,6 @@ class ConsoleSettings(GroupSettings):
         "true", "Export traces and metrics by OTLP, configured by the standard OTEL_* variables"
         " (needs the otel extra).", default=False, rule="must be true or false",
     )
-    progress: bool = example(
-        "true", "Show progress bars (dlq redrive) even when stderr is not a terminal.",
-        default=False, rule="must be true or false",
-    )
-
-    @field_validator("log_level", "library_log_level")
-    @classmethod
-    def _level(cls, value: str) -> str:
-        if value.upper() not in LEVELS:
-            raise ValueError(_LEVEL_RULE)
-        return value.upper()
-
-    @field_validator("log_format")
-    @classmethod
-    def _format(cls, value: str) -> str:
-        if value.lower() not in LOG_FORMATS:
-            raise ValueError(_FORMAT_RULE)
-        return value.lower()
 
     @field_validator("metrics_host")
     @classmethod
