@@ -8,12 +8,16 @@ resolve`` and ``consumer-kit dlq redrive`` run, and is written to the audit tabl
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import json
+from collections.abc import Awaitable, Callable
 import logging
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
 import jinja2
+import markupsafe
 import psycopg
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -29,6 +33,7 @@ from consumer_kit.identity import downstream_key
 from consumer_kit.ledger.audit import AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, NEEDS_RECONCILIATION, LedgerInspector, OperationDetail
 from consumer_kit.model.evidence import OPERATOR_EVIDENCE
+from consumer_kit.plain_text import escape_controls
 from consumer_kit.operator_actions import (
     Group,
     Refused,
@@ -83,11 +88,23 @@ class ConsoleConfig:
 
 
 def _environment() -> jinja2.Environment:
-    # autoescape on for every template: keys, ids and details are producer text
-    return jinja2.Environment(
+    """Autoescape on for every template: keys, ids, reasons, details and bodies are producer text.
+    Every string shown also has its control and bidi characters written as escapes (``\u202e``),
+    as the CLI prints them, so it reads one way only; a form's hidden value (``|formvalue``) is
+    only HTML-escaped, so it posts back exactly what was read."""
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("consumer_kit.console_web", "templates"), autoescape=True,
-        undefined=jinja2.StrictUndefined,
+        undefined=jinja2.StrictUndefined, finalize=_shown,
     )
+    env.filters["formvalue"] = lambda value: markupsafe.escape("" if value is None else value)
+    env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=False, default=str)
+    return env
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, markupsafe.Markup) or not isinstance(value, str):
+        return value
+    return escape_controls(value)
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
@@ -128,11 +145,8 @@ class _Gate(BaseHTTPMiddleware):
                 return _secured(PlainTextResponse("405: GET or POST only", status_code=405))
             if self.read_only:
                 return _secured(PlainTextResponse("403: this console is read-only", status_code=403))
-            form = await request.form()
-            offered = form.get(CSRF_FIELD)
-            if not same_origin(request) or not self.guard.csrf_ok(identity, offered if isinstance(offered, str) else None):
-                logger.warning("console: refused a POST to %s without a valid CSRF token", request.url.path)
-                return _secured(PlainTextResponse("403: missing or wrong CSRF token", status_code=403))
+            # the CSRF token is checked by each POST endpoint (``_post``): a body read here would
+            # not reach the endpoint
         if request.method == "GET" and "token" in request.query_params and identity.user is None:
             # the token came in the URL: keep it in a cookie and take it out of the address bar
             response: Response = RedirectResponse(request.url.path, status_code=303)
@@ -151,6 +165,25 @@ def _secured(response: Response) -> Response:
     response.headers["Referrer-Policy"] = "no-referrer"
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+Endpoint = Callable[["_Console", Request], Awaitable[Response]]
+
+
+def _post(endpoint: Endpoint) -> Endpoint:
+    """A state-changing endpoint: refused (403) unless the form carries the CSRF token of the
+    request's identity and the request names no other origin."""
+
+    @functools.wraps(endpoint)
+    async def checked(console: _Console, request: Request) -> Response:
+        identity: Identity = request.state.identity
+        offered = (await request.form()).get(CSRF_FIELD)
+        if not same_origin(request) or not console.guard.csrf_ok(identity, offered if isinstance(offered, str) else None):
+            logger.warning("console: refused a POST to %s without a valid CSRF token", request.url.path)
+            return PlainTextResponse("403: missing or wrong CSRF token", status_code=403)
+        return await endpoint(console, request)
+
+    return checked
 
 
 class _Console:
@@ -181,7 +214,7 @@ class _Console:
             csrf=self.guard.csrf_token(identity), csrf_field=CSRF_FIELD, read_only=self.config.read_only,
             actor=self.actor(request), schema=self.schema, page=template.removesuffix(".html"),
             broker=_broker_label(self.settings), now=dt.datetime.now(dt.UTC), age=_age, seconds=age_text,
-            duration=duration_text, **context,
+            duration=duration_text, **{"message": None, "error": None, "pending": None, **context},
         )
         return HTMLResponse(html, status_code=status_code)
 
@@ -207,6 +240,7 @@ class _Console:
         return self.render(request, "decisions.html", status_code, operations=operations, message=message,
                            error=error, decisions=DECISIONS)
 
+    @_post
     async def resolve(self, request: Request) -> Response:
         form = await request.form()
         scope, key = str(form.get("scope", "")), str(form.get("key", ""))
@@ -238,6 +272,7 @@ class _Console:
                 queues.append({"name": queue, "total": total, "shown": len(letters), "groups": groups, "error": None})
         return self.render(request, "dead_letters.html", status_code, queues=queues, **extra)
 
+    @_post
     async def redrive(self, request: Request) -> Response:
         form = await request.form()
         queue = str(form.get("queue", ""))
@@ -264,6 +299,7 @@ class _Console:
         return await self.dead_letters(request, message=f"{queue}, {selection.describe()}: {summary}",
                                        pending=pending)
 
+    @_post
     async def body(self, request: Request) -> Response:
         form = await request.form()
         queue, message_id = str(form.get("queue", "")), str(form.get("message_id", ""))
