@@ -25,6 +25,7 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.listen_address import check_host
+from consumer_kit.operator_actions import default_actor
 from consumer_kit.settings import Settings
 
 TOKEN_VARIABLE = "CONSUMER_KIT_CONSOLE_TOKEN"
@@ -71,7 +72,7 @@ def console(
         application = load_app(app)
     config = ConsoleConfig(
         settings=settings, app=application, token=token, user_header=user_header, read_only=read_only,
-        relay_max_attempts=max_attempts, **({"actor": operator} if operator else {}),
+        relay_max_attempts=max_attempts, actor=operator or default_actor(),
     )
     shown = f"[{bind}]" if ":" in bind else bind
     if printed:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-from collections.abc import Awaitable, Callable
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -29,11 +29,12 @@ from starlette.staticfiles import StaticFiles
 
 from consumer_kit.app import App
 from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, Guard, Identity, same_origin
+from consumer_kit.errors import ConfigurationError
 from consumer_kit.identity import downstream_key
 from consumer_kit.ledger.audit import AuditEntry, AuditLog
-from consumer_kit.ledger.inspect import DECISIONS, NEEDS_RECONCILIATION, LedgerInspector, OperationDetail
+from consumer_kit.ledger.inspect import DECISIONS, LedgerInspector, OperationDetail
 from consumer_kit.model.evidence import OPERATOR_EVIDENCE
-from consumer_kit.plain_text import escape_controls
+from consumer_kit.model.operation_row import NEEDS_RECONCILIATION
 from consumer_kit.operator_actions import (
     Group,
     Refused,
@@ -43,9 +44,11 @@ from consumer_kit.operator_actions import (
     group_dead_letters,
     handler_for_scope,
     open_dead_letter_queues,
+    operation_key,
     redrive_dead_letters,
     resolve_parked,
 )
+from consumer_kit.plain_text import escape_controls
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.stats import StatsReader, age_text, duration_text
@@ -121,7 +124,20 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/audit", console.audit),
         Mount("/static", StaticFiles(directory=str(files("consumer_kit.console_web") / "static")), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(_Gate, guard=console.guard, read_only=config.read_only)])
+    return Starlette(
+        routes=routes, middleware=[Middleware(_Gate, guard=console.guard, read_only=config.read_only)],
+        exception_handlers={psycopg.Error: _unavailable, ConfigurationError: _unavailable,
+                            ConnectionError: _unavailable},
+    )
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    """The database or broker cannot be used: say so on one line (as the CLI's ``error:``)."""
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
+        text += ": run `consumer-kit migrate` first (and check CONSUMER_KIT_DB_SCHEMA)"
+    logger.warning("console: %s failed: %s", request.url.path, text)
+    return _secured(PlainTextResponse(f"503: {text}", status_code=503))
 
 
 class _Gate(BaseHTTPMiddleware):
@@ -263,7 +279,7 @@ class _Console:
                 try:
                     total = await dead.count(queue)
                     letters = await dead.peek(queue, limit=self.config.peek_limit)
-                except (ConnectionError, OSError) as exc:
+                except (ConfigurationError, ConnectionError, OSError) as exc:
                     queues.append({"name": queue, "error": str(exc) or type(exc).__name__, "groups": [], "total": 0})
                     continue
                 groups: list[Group] = group_dead_letters(
@@ -311,7 +327,7 @@ class _Console:
         await self._record(request, "show_body", f"{queue} {message_id}", "shown" if found else "not found")
         if found is None:
             return await self.dead_letters(request, 404, error=f"no dead letter {message_id} in {queue}")
-        return self.render(request, "body.html", queue=queue, letter=found,
+        return self.render(request, "body.html", queue=queue, letter=found, key=operation_key(self.config.app, found),
                            body=found.body.decode("utf-8", "replace"))
 
     async def pressure(self, request: Request) -> Response:

@@ -6,7 +6,6 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-
 OPERATOR_EVIDENCE = "operator"
 """The evidence name of an operator's verdict on a parked operation (``consumer-kit ledger resolve
 --not-done``, the console): facts ``{"verdict": "not_done", "by": ..., "note": ...}``."""
