@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,8 +27,10 @@ import httpx
 import psycopg
 import pytest
 import uvicorn
+from typer.testing import CliRunner
 
 from consumer_kit import App, Context, Outcome, RetryableError
+from consumer_kit.cli.main import cli
 from consumer_kit.console_web import ConsoleConfig, create_app
 from consumer_kit.identity import downstream_key
 from consumer_kit.settings import Settings
@@ -35,6 +38,10 @@ from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from examples.notifications.app import SCHEMA_SQL, ProviderClient, SendWelcome, WelcomeEmailHandler
 from examples.notifications.provider import FakeProvider
 from tests.broker_env import command
+from tests.contract.conftest import Contract
+from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
+from tests.contract.sqs_driver import SQSDriver
+from tests.harness import throwaway_schema
 from tests.resilience import ResilienceEnv, count
 
 playwright_api = pytest.importorskip("playwright.async_api")
@@ -92,11 +99,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextlib.asynccontextmanager
-async def serve(env: ResilienceEnv, app: App, **options: Any) -> AsyncIterator[str]:
+def serve(env: ResilienceEnv, app: App, **options: Any) -> contextlib.AbstractAsyncContextManager[str]:
     """The console for ``env``'s schema and broker and ``app``'s queues, on 127.0.0.1 in this event
     loop; yields its base URL."""
     settings = Settings(database_url=env.database_url, broker_url=env.rabbitmq_url, db_schema=env.schema)
+    return serve_settings(settings, app, **options)
+
+
+@contextlib.asynccontextmanager
+async def serve_settings(settings: Settings, app: App, **options: Any) -> AsyncIterator[str]:
     config = ConsoleConfig(settings=settings, app=app, token=TOKEN, actor="ops@example", **options)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
@@ -346,6 +357,33 @@ async def test_a_group_of_dead_letters_redriven_from_the_page_executes_each_once
         "show_body", "redrive_dry_run", "redrive"]
 
 
+async def test_dead_letters_on_sqs_are_grouped_and_redriven_from_the_page(
+    sqs_endpoint: str, database_url: str, unique_name: str, browser: Any,  # noqa: F811
+) -> None:
+    """The same page on SQS (moto server): four dead letters in the queue's redrive-policy DLQ, one
+    group; dry run, then redrive: each executed once."""
+    driver = SQSDriver(f"{unique_name}.commands", sqs_endpoint)
+    await driver.open()
+    try:
+        async with throwaway_schema(database_url) as schema:
+            case = Contract(driver, database_url, schema)
+            handler = Gated()
+            app = case.app(handler)
+            async with case.worker(handler, max_deliveries=1), \
+                    serve_settings(case.settings(), app) as base, page_of(browser, base) as page:
+                for order in range(1, 5):
+                    await driver.send(command(order_id=order), {"operation-id": f"order-{order}-rev-2"})
+                dead = await case.reports_until(terminal(4), timeout=60)
+                assert {r.outcome for r in dead} == {Outcome.DEAD_LETTERED}
+                handler.open = True
+                await redrive_group_from_page(page, base, driver.queue, "max_deliveries_exceeded:RetryableError", 4)
+                redriven = await case.reports_until(terminal(4), timeout=60)
+            assert {r.outcome for r in redriven} == {Outcome.EXECUTED}
+            assert await case.rows("SELECT count(*), count(DISTINCT order_id) FROM invoices") == [(4, 4)]
+    finally:
+        await driver.close()
+
+
 # -- safe by default ----------------------------------------------------------------------------------
 
 
@@ -425,3 +463,43 @@ async def test_read_only_mode_shows_no_actions_and_refuses_every_post(renv: Resi
     assert status == 403
     assert "invoice.create" in pressure
     assert await renv.rows("SELECT state FROM operations") == [("needs_reconciliation",)]
+
+
+async def test_behind_a_proxy_its_user_header_authenticates_and_is_the_audited_actor(renv: ResilienceEnv) -> None:
+    """With ``user_header``, the proxy's header is the identity (and the token is not enough on its
+    own): no header, 401; the user's POST with the page's CSRF token resolves and is audited as
+    that user; another user's CSRF token does not work for them."""
+    await park(renv, "order-6-rev-2", "f" * 64, scope="default/invoice.create/v1")
+    async with serve(renv, App("empty"), user_header="X-Forwarded-User") as base, \
+            httpx.AsyncClient(base_url=base) as client:
+        assert (await client.get("/decisions")).status_code == 401
+        assert (await client.get("/decisions", headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 401
+        alice, mallory = {"X-Forwarded-User": "alice@corp"}, {"X-Forwarded-User": "mallory@corp"}
+        page = await client.get("/decisions", headers=alice)
+        assert page.status_code == 200 and "alice@corp" in page.text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+        assert csrf is not None
+        form = {"scope": "default/invoice.create/v1", "key": "order-6-rev-2", "decision": "failed",
+                "note": "refunded by hand", "csrf": csrf[1]}
+        assert (await client.post("/decisions/resolve", data=form, headers=mallory)).status_code == 403
+        resolved = await client.post("/decisions/resolve", data=form, headers=alice)
+        assert resolved.status_code == 200 and "order-6-rev-2: failed" in resolved.text
+    assert await renv.rows("SELECT state, resolved_by FROM operations") == [("failed", "alice@corp")]
+    assert await renv.rows("SELECT actor, source, outcome FROM audit") == [("alice@corp", "console", "failed")]
+
+
+async def test_the_cli_refuses_a_live_lease_with_the_pages_words_and_audits_it(renv: ResilienceEnv) -> None:
+    """``consumer-kit ledger resolve`` and the page run one function: the same refusal, audited
+    with source ``cli``."""
+    await park(renv, "order-7-rev-2", "f" * 64, scope="default/invoice.create/v1")
+    await renv.rows("UPDATE operations SET state = 'processing', lease_owner = 'w:2:x', "
+                    "lease_expires_at = now() + interval '1 hour' RETURNING 1")
+    result = await asyncio.to_thread(
+        CliRunner().invoke, cli,
+        ["ledger", "resolve", "default/invoice.create/v1", "order-7-rev-2", "--completed", "--note", "seen", "--by", "ops"],
+        env={"CONSUMER_KIT_DATABASE_URL": renv.database_url, "CONSUMER_KIT_DB_SCHEMA": renv.schema, "COLUMNS": "250"},
+    )
+    assert result.exit_code == 2
+    assert "is processing under a live lease" in result.output and "never overruled" in result.output
+    assert await renv.rows("SELECT actor, source, action, outcome FROM audit") == [("ops", "cli", "resolve", "refused")]
+    assert await renv.rows("SELECT state FROM operations") == [("processing",)]
