@@ -40,9 +40,12 @@ from examples.notifications.provider import FakeProvider
 from tests.broker_env import command
 from tests.contract.conftest import Contract
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
+from tests.contract.servicebus_driver import ServiceBusDriver
 from tests.contract.sqs_driver import SQSDriver
 from tests.harness import throwaway_schema
 from tests.resilience import ResilienceEnv, count
+from tests.servicebus_server import ServiceBusTestServer
+from tests.servicebus_server.fixtures import sb_server_fixture  # noqa: F401 - fixture
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -173,6 +176,7 @@ async def redrive_group_from_page(page: Any, base: str, queue: str, reason: str,
     await confirm.get_by_role("button", name=f"Redrive {expected} now").click()
     await page.locator(".flash.ok", has_text="redrove").wait_for()
     assert f"redrove {expected}, kept 0, failed 0" in await page.locator(".flash.ok").inner_text()
+    assert page.url == f"{base}/dead-letters"
 
 
 # -- resolve a parked operation from the page ----------------------------------------------------------
@@ -205,6 +209,7 @@ async def test_an_operator_resolves_a_parked_operation_on_the_page_and_its_redri
         await card.get_by_role("button", name="Record decision").click()
         await page.locator(".flash.ok").wait_for()
         assert "welcome-14: completed (resolved by ops@example)" in await page.locator(".flash.ok").inner_text()
+        assert page.url == f"{base}/decisions"  # not the action's URL: a reload shows the page
         assert await page.locator('section.card[data-key="welcome-14"]').count() == 0
 
         await redrive_group_from_page(page, base, nenv.queue, "needs_reconciliation", 1)
@@ -380,6 +385,36 @@ async def test_dead_letters_on_sqs_are_grouped_and_redriven_from_the_page(
                 redriven = await case.reports_until(terminal(4), timeout=60)
             assert {r.outcome for r in redriven} == {Outcome.EXECUTED}
             assert await case.rows("SELECT count(*), count(DISTINCT order_id) FROM invoices") == [(4, 4)]
+    finally:
+        await driver.close()
+
+
+async def test_dead_letters_on_service_bus_are_grouped_and_redriven_from_the_page(
+    sb_server: ServiceBusTestServer, database_url: str, unique_name: str, browser: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same page on Service Bus (the real SDK against tests/servicebus_server): three dead
+    letters in ``<queue>/$DeadLetterQueue``, one group; dry run, then redrive: each executed once."""
+    monkeypatch.setenv("CONSUMER_KIT_SERVICEBUS_CONNECTION_STRING", sb_server.connection_string)
+    monkeypatch.setenv("CONSUMER_KIT_SERVICEBUS_RECEIVE_WAIT", "0.5")
+    driver = ServiceBusDriver(f"{unique_name}.commands", sb_server)
+    await driver.open()
+    try:
+        async with throwaway_schema(database_url) as schema:
+            case = Contract(driver, database_url, schema)
+            handler = Gated()
+            app = case.app(handler)
+            async with case.worker(handler, max_deliveries=1), \
+                    serve_settings(case.settings(), app) as base, page_of(browser, base) as page:
+                for order in range(1, 4):
+                    await driver.send(command(order_id=order), {"operation-id": f"order-{order}-rev-2"})
+                dead = await case.reports_until(terminal(3), timeout=60)
+                assert {r.outcome for r in dead} == {Outcome.DEAD_LETTERED}
+                handler.open = True
+                await redrive_group_from_page(page, base, driver.queue, "max_deliveries_exceeded:RetryableError", 3)
+                redriven = await case.reports_until(terminal(3), timeout=60)
+            assert {r.outcome for r in redriven} == {Outcome.EXECUTED}
+            assert await case.rows("SELECT count(*), count(DISTINCT order_id) FROM invoices") == [(3, 3)]
     finally:
         await driver.close()
 

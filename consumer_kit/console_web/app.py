@@ -120,6 +120,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/dead-letters", console.dead_letters),
         Route("/dead-letters/redrive", console.redrive, methods=["POST"]),
         Route("/dead-letters/body", console.body, methods=["POST"]),
+        *(Route(action, _back_to(action.rsplit("/", 1)[0]), methods=["GET"])
+          for action in ("/decisions/resolve", "/dead-letters/redrive", "/dead-letters/body")),
         Route("/pressure", console.pressure),
         Route("/audit", console.audit),
         Mount("/static", StaticFiles(directory=str(files("consumer_kit.console_web") / "static")), name="static"),
@@ -129,6 +131,15 @@ def create_app(config: ConsoleConfig) -> Starlette:
         exception_handlers={psycopg.Error: _unavailable, ConfigurationError: _unavailable,
                             ConnectionError: _unavailable},
     )
+
+
+def _back_to(page: str) -> Callable[[Request], Awaitable[Response]]:
+    """A GET of an action's URL (a reload after a plain form POST): back to its page."""
+
+    async def redirect(request: Request) -> Response:
+        return RedirectResponse(page, status_code=303)
+
+    return redirect
 
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
@@ -197,7 +208,10 @@ def _post(endpoint: Endpoint) -> Endpoint:
         if not same_origin(request) or not console.guard.csrf_ok(identity, offered if isinstance(offered, str) else None):
             logger.warning("console: refused a POST to %s without a valid CSRF token", request.url.path)
             return PlainTextResponse("403: missing or wrong CSRF token", status_code=403)
-        return await endpoint(console, request)
+        response = await endpoint(console, request)
+        # the address bar shows the page the answer is (a boosted POST would push the action's URL)
+        response.headers["HX-Push-Url"] = request.url.path.rsplit("/", 1)[0]
+        return response
 
     return checked
 
