@@ -326,8 +326,9 @@ class _Console:
                            kept=report.kept, failed=report.failed)
         pending = {"queue": queue, "reason": reason or "", "message_id": message_id or "",
                    "count": report.redriven, "what": selection.describe()} if dry_run and report.redriven else None
-        return await self.dead_letters(request, message=f"{queue}, {selection.describe()}: {summary}",
-                                       pending=pending)
+        # a dry run that found some shows its count in the confirmation box, not as a done deed
+        message = None if pending else f"{queue}, {selection.describe()}: {summary}"
+        return await self.dead_letters(request, message=message, pending=pending)
 
     @_post
     async def body(self, request: Request) -> Response:
