@@ -32,9 +32,9 @@ from consumer_kit.plain_text import escape_controls
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import (
     BrokerSettings,
-    ConsoleSettings,
     DatabaseSettings,
     GroupSettings,
+    LoggingSettings,
     TelemetrySettings,
     all_env_names,
     unknown_variables,
@@ -132,7 +132,7 @@ Embedded = Annotated[
 ]
 
 
-def setup_logging(level: str, library_level: str = "WARNING", log_format: str = "text") -> ConsoleSettings:
+def setup_logging(level: str, library_level: str = "WARNING", log_format: str = "text") -> LoggingSettings:
     """One line per record on stderr: consumer-kit's own loggers (:data:`OWN_LOGGERS`) at
     ``level``, every other library (aio-pika, aiormq, psycopg, pgserver, ...) at
     ``library_level``, so ``--log-level DEBUG`` shows each delivery without AMQP frame dumps.
@@ -141,8 +141,8 @@ def setup_logging(level: str, library_level: str = "WARNING", log_format: str = 
     frames-only tracebacks (an exception's text may quote the payload).
 
     Each argument is the command's option: typed, it wins; left at the command's default, the
-    ``console`` group's variable (``CONSUMER_KIT_LOG_LEVEL``, ...) wins over that default.
-    Returns the ``console`` group as read, its logging fields as applied.
+    ``logging`` group's variable (``CONSUMER_KIT_LOG_LEVEL``, ...) wins over that default.
+    Returns the ``logging`` group as read, its logging fields as applied.
 
     Raises:
         typer.Exit: (code 2) a level that is not one of :data:`LEVELS`, or a format that is not
@@ -150,7 +150,7 @@ def setup_logging(level: str, library_level: str = "WARNING", log_format: str = 
     """
     from consumer_kit.telemetry.logs import JsonFormatter, SafeTextFormatter
 
-    console = _read_options(ConsoleSettings, log_level=level, library_log_level=library_level, log_format=log_format)
+    console = _read_options(LoggingSettings, log_level=level, library_log_level=library_level, log_format=log_format)
     own = _effective(console, "log_level", level)
     libraries = _effective(console, "library_log_level", library_level)
     chosen_format = _effective(console, "log_format", log_format)
@@ -175,7 +175,7 @@ CONSOLE_OPTIONS = {
     "log_level": "--log-level", "library_log_level": "--library-log-level", "log_format": "--log-format",
     "metrics_port": "--metrics-port", "metrics_host": "--metrics-host", "otel": "--otel",
 }
-"""``console`` and ``telemetry`` field -> the option every command spells it as."""
+"""``logging`` and ``telemetry`` field -> the option every command spells it as."""
 
 
 def read_telemetry(**options: object) -> TelemetrySettings:
@@ -201,7 +201,7 @@ def _typed(parameter: str, value: object) -> object | None:
     return None if value is None or value is False or isinstance(value, CommandDefault) else value
 
 
-def _effective(console: ConsoleSettings, field: str, default: str) -> str:
+def _effective(console: LoggingSettings, field: str, default: str) -> str:
     """The option or variable behind ``field`` when set, else the command's own ``default``."""
     return str(getattr(console, field)) if field in console.model_fields_set else str(default)
 
@@ -212,7 +212,7 @@ def read_settings(
     """``cls`` from the environment and the command's options (``None``: not given), or exit 2
     with one ``error:`` line per refused setting (variable, unit, range, example). Warns about
     ``CONSUMER_KIT_*`` variables that look like a misspelt setting."""
-    known = ConsoleSettings.env_names() | TelemetrySettings.env_names() | cls.env_names()  # and the groups of every command
+    known = LoggingSettings.env_names() | TelemetrySettings.env_names() | cls.env_names()  # and the groups of every command
     for unknown in unknown_variables(known, everywhere=all_env_names()):
         logging.getLogger("consumer_kit.settings").warning("ignoring %s", unknown)
     try:

@@ -10,8 +10,9 @@ worker         :class:`WorkerSettings` (+ broker)           ``consumer-kit worke
                                                             the HTTP front door
 relay          :class:`RelaySettings` (+ broker)            ``outbox-relay`` (its maintenance
                                                             commands: :class:`OutboxSettings`)
-console        :class:`ConsoleSettings`                     every command: logs, progress bars
+logging        :class:`LoggingSettings`                     every command: logs, progress bars
 telemetry      :class:`TelemetrySettings`                   the worker and the relay: metrics, traces
+console        :class:`OperatorConsoleSettings`             ``consumer-kit console`` (web console)
 servicebus     :class:`ServiceBusSettings`                  the Service Bus adapter
 sqs            :class:`SQSURLOptions` (URL options)         the SQS adapter
 =============  ===========================================  =====================================
@@ -31,9 +32,10 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from .broker import BrokerSettings
-from .console import LEVELS, LOG_FORMATS, ConsoleSettings, TelemetrySettings
 from .database import EMBEDDED, DatabaseSettings
 from .fields import ENV_PREFIX, GroupSettings, count, env_name, example, number, seconds, unknown_variables
+from .operator_console import OperatorConsoleSettings
+from .output import LEVELS, LOG_FORMATS, LoggingSettings, TelemetrySettings
 from .relay import OutboxSettings, RelaySettings, RouteTarget, default_relay_id
 from .servicebus import ServiceBusSettings
 from .sqs import SQSURLOptions
@@ -44,8 +46,9 @@ SETTINGS_GROUPS: dict[str, type[BaseModel]] = {
     "broker": BrokerSettings,
     "worker": WorkerSettings,
     "relay": RelaySettings,
-    "console": ConsoleSettings,
+    "logging": LoggingSettings,
     "telemetry": TelemetrySettings,
+    "console": OperatorConsoleSettings,
     "servicebus": ServiceBusSettings,
     "sqs": SQSURLOptions,
 }
@@ -61,10 +64,11 @@ GROUP_READERS: dict[str, str] = {
     "worker": "consumer-kit worker and declare; the HTTP front door (its timeouts and pool).",
     "relay": "outbox-relay; its maintenance commands (status, requeue, cleanup) read only the"
     " database group and the RELAY_MAX_ATTEMPTS, RELAY_RETENTION and RELAY_CLEANUP_BATCH settings.",
-    "console": "Every command-line program (consumer-kit, outbox-relay): logs and progress bars;"
+    "logging": "Every command-line program (consumer-kit, outbox-relay): logs and progress bars;"
     " an option such as --log-level wins over the variable.",
     "telemetry": "consumer-kit worker and outbox-relay: metrics and traces; an option such as"
     " --metrics-port wins over the variable.",
+    "console": "consumer-kit console (the operator's web console), on top of the worker group.",
     "servicebus": "The Service Bus adapter (broker URL servicebus://).",
     "sqs": "The SQS adapter: options of the sqs:// broker URL, not environment variables.",
 }
@@ -102,9 +106,10 @@ __all__ = [
     "LOG_FORMATS",
     "SETTINGS_GROUPS",
     "BrokerSettings",
-    "ConsoleSettings",
+    "LoggingSettings",
     "DatabaseSettings",
     "GroupSettings",
+    "OperatorConsoleSettings",
     "OutboxSettings",
     "RelaySettings",
     "RouteTarget",

@@ -1,4 +1,4 @@
-"""The ``console`` group (what every command-line program shares: its logs and progress bars) and
+"""The ``logging`` group (what every command-line program shares: its logs and progress bars) and
 the ``telemetry`` group (metrics and traces of the long-running ones: the worker and the relay).
 A command-line option (``--log-level``, ``--metrics-port``, ...) wins over the variable.
 """
@@ -17,7 +17,7 @@ _LEVEL_RULE = f"must be one of {', '.join(LEVELS)}"
 _FORMAT_RULE = f"must be one of {', '.join(LOG_FORMATS)}"
 
 
-class ConsoleSettings(GroupSettings):
+class LoggingSettings(GroupSettings):
     """Logs and progress bars of every ``consumer-kit`` and ``outbox-relay`` command.
 
     Raises (on construction):
