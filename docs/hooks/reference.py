@@ -47,7 +47,7 @@ def build_source_mirror(root: Path = ROOT, mirror: Path = MIRROR) -> Path:
         target = mirror / installed
         target.mkdir(parents=True, exist_ok=True)
         for entry in sorted((root / folder).iterdir()):
-            if entry.name == "__pycache__" or entry.name in {"adapters", "outbox_relay"} and folder == "consumer_kit":
+            if entry.name == "__pycache__":
                 continue
             if entry.is_dir() and f"{installed}/{entry.name}" in PACKAGE_DIRS:
                 continue  # a mapped subpackage: its own folder is laid out above
