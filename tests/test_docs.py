@@ -159,3 +159,31 @@ def test_the_site_builds_strictly_with_the_adapters_api(tmp_path: Path) -> None:
         assert f'id="consumer_kit.adapters.{broker}"' in adapters
     assert "CONSUMER_KIT_RELAY_BATCH_SIZE" in (tmp_path / "reference" / "settings" / "index.html").read_text()
     assert "consumer-kit dlq redrive" in (tmp_path / "reference" / "cli" / "index.html").read_text()
+
+
+def _load_rst() -> Any:
+    spec = importlib.util.spec_from_file_location("docs_rst_docstrings", DOCS / "hooks" / "rst_docstrings.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rest_docstrings_become_markdown() -> None:
+    rst = _load_rst().rst_to_markdown
+    text = rst(
+        "See :class:`~consumer_kit.app.App`, :mod:`consumer_kit.http` and ``ctx.publish(...,\n"
+        "destination=...)``.\n\n"
+        "=======  =====================\n"
+        "module   job\n"
+        "=======  =====================\n"
+        "``a``    first line\n"
+        "         continued\n"
+        "``b``    other\n"
+        "=======  =====================\n\n"
+        "Example::\n\n"
+        "    app = App(\"x\")\n"
+    )
+    assert "See `App`, `consumer_kit.http` and `ctx.publish(...,\ndestination=...)`." in text
+    assert "| module | job |\n|---|---|\n| `a` | first line continued |\n| `b` | other |" in text
+    assert "Example:\n\n```text\napp = App(\"x\")\n```" in text

@@ -97,13 +97,13 @@ def _settings_of_current_classes() -> str:
         known = {name for base in inherited for name in base.model_fields}
         prefix = model.model_config.get("env_prefix", "")
         rows = [
-            f"| `{prefix}{name.upper()}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))}"
-            f" | {_cell(field.description or '')} |"
+            f"| `{prefix}{name.upper()}` | {_cell(_default(field))}"
+            f" | {_cell(field.description or '')} Type: `{_type_name(field.annotation).replace(' | ', ' or ')}`. |"
             for name, field in model.model_fields.items() if name not in known
         ]
         parts.append(
             f"## {title}\n\n{intro} Class `{model.__module__}.{model.__qualname__}`.\n\n"
-            "| variable | type | default | meaning, unit and range |\n|---|---|---|---|\n" + "\n".join(rows)
+            "| variable | default | meaning, unit and range |\n|---|---|---|\n" + "\n".join(rows)
         )
     return "\n\n".join(parts) + "\n"
 
