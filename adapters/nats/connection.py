@@ -34,6 +34,7 @@ class NATSConnection:
         self.config = config
         self._client: Client | None = None
         self._js: JetStreamContext | None = None
+        self._closing = False
 
     async def client(self) -> Client:
         """The connected client (connects on first call).
@@ -70,6 +71,7 @@ class NATSConnection:
 
     async def close(self) -> None:
         """Flush what is written (acks) and close."""
+        self._closing = True
         if self._client is not None and not self._client.is_closed:
             try:
                 await self._client.flush(timeout=2)
@@ -79,9 +81,13 @@ class NATSConnection:
         self._client = None
 
     async def _error(self, exc: Exception) -> None:
+        if self._closing:
+            return
         logger.warning("NATS connection to %s: %s", self.config.display, type(exc).__name__)
 
     async def _disconnected(self) -> None:
+        if self._closing:
+            return
         logger.warning("NATS connection to %s lost; reconnecting", self.config.display)
 
     async def _reconnected(self) -> None:

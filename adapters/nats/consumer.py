@@ -185,6 +185,9 @@ class NATSConsumer(Consumer):
         return self._consuming and self._resumed.is_set() and not self._closed
 
     def _dispatch(self, subscription: Subscription, delivery: NATSDelivery) -> None:
+        if not self._wants_deliveries():  # pulled while pausing or closing: back at once, never cancelled
+            self._give_back(delivery)
+            return
         self._handlers.start(self._handle(subscription, delivery))
 
     async def _handle(self, subscription: Subscription, delivery: NATSDelivery) -> None:

@@ -156,6 +156,8 @@ class NATSDelivery(Delivery):
         self._ensure_lock()
         headers = copy_headers(self.headers_for_copies)
         headers[DELIVERIES_HEADER] = self.delivery_count - 1  # this delivery does not count
+        if self.message_id is not None:  # the copy gets a Nats-Msg-Id of its own
+            headers[MESSAGE_ID_HEADER] = self.message_id
         if self.redelivered:
             headers[REDELIVERED_HEADER] = 1
         if not await self._copy(self.msg.subject, self.info.max_msg_size, headers, "release"):

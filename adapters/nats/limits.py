@@ -42,7 +42,8 @@ def fit(body: bytes, headers: Mapping[str, Any], limit: int, *, droppable: Itera
         extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """NATS headers for a copy of ``body`` with ``headers`` (signed) plus ``extra`` (unsigned:
     ``Nats-Msg-Id``) that fit ``limit`` bytes, and the names left out to make it fit: first every
-    header not in :data:`KEPT` (largest first), then ``droppable`` in its order.
+    header not in :data:`KEPT` (largest first), then ``extra`` (a copy's de-duplication id is only
+    a convenience), then ``droppable`` in its order.
 
     Raises:
         ValueError: it does not fit even without them (the message names both sizes).
@@ -51,15 +52,20 @@ def fit(body: bytes, headers: Mapping[str, Any], limit: int, *, droppable: Itera
     order = sorted((n for n in current if n not in KEPT and n != own.SIGNATURE),
                    key=lambda n: -len(str(current[n])))
     order += [n for n in droppable if n in current and n not in order]
+    spare = dict(extra or {})
+    order[len([n for n in order if n not in droppable]):0] = list(spare)
     dropped: list[str] = []
     while True:
         # signed as sent: after any drop, so the signature covers exactly the marks the copy keeps
-        sent = {**headers_for(own.seal(dict(current), body)), **(extra or {})}
+        sent = {**headers_for(own.seal(dict(current), body)), **spare}
         size = size_of(body, sent)
         if size <= limit:
             return sent, dropped
         if not order:
             raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
         name = order.pop(0)
-        del current[name]
+        if name in spare:
+            del spare[name]
+        else:
+            del current[name]
         dropped.append(name)
