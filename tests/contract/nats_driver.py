@@ -3,6 +3,7 @@ consumer per case (names unique per test), deleted afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -30,7 +31,6 @@ from consumer_kit.broker import Consumer, Delivery, DeliveryCallback
 from consumer_kit.publishing import OutgoingMessage, Publisher
 from consumer_kit.settings import Settings
 from tests.contract.driver import DeadLetter, Driver, as_text
-
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -176,6 +176,4 @@ class NATSDriver(Driver):
 
 
 async def _pause() -> None:
-    import asyncio
-
     await asyncio.sleep(0.05)  # polling the stream for the next dead letter (bounded by the deadline)
