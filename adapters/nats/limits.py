@@ -49,11 +49,11 @@ def fit(body: bytes, headers: Mapping[str, Any], limit: int, *, droppable: Itera
         ValueError: it does not fit even without them (the message names both sizes).
     """
     current = dict(headers)
-    order = sorted((n for n in current if n not in KEPT and n != own.SIGNATURE),
-                   key=lambda n: -len(str(current[n])))
-    order += [n for n in droppable if n in current and n not in order]
+    last = [n for n in droppable if n in current]
     spare = dict(extra or {})
-    order[len([n for n in order if n not in droppable]):0] = list(spare)
+    order = sorted((n for n in current if n not in KEPT and n != own.SIGNATURE and n not in last),
+                   key=lambda n: -len(str(current[n])))
+    order += [*spare, *last]
     dropped: list[str] = []
     while True:
         # signed as sent: after any drop, so the signature covers exactly the marks the copy keeps
