@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from consumer_kit import headers as own
-from consumer_kit.adapters.nats import NATSConfig, headers_for, headers_of, stream_name, subject_for, subject_of
+from consumer_kit.adapters.nats import (
+    NATSConfig,
+    headers_for,
+    headers_of,
+    stream_name,
+    subject_for,
+    subject_of,
+)
 from consumer_kit.adapters.nats.limits import fit, size_of
 from consumer_kit.adapters.nats.redelivery import GiveBacks
 from consumer_kit.errors import ConfigurationError
