@@ -114,3 +114,36 @@ async def test_the_invoices_example_runs_on_nats_by_changing_the_broker_url(
     finally:
         await _delete_streams(connection, *streams)
         await connection.close()
+
+
+async def test_a_message_no_delivery_can_be_made_of_is_dead_lettered_with_a_signed_reason(
+    nats_url: str,  # noqa: F811 - fixture
+) -> None:
+    """A pulled message whose JetStream metadata cannot be read (here: a reply subject that is no
+    ack subject) is copied to the dead-letter stream as ``invalid_header`` and never handed out;
+    ``consumer-kit dlq list`` believes its reason (the copy is signed)."""
+    from nats.aio.msg import Msg
+
+    from consumer_kit.adapters.nats import NATSDeadLetters
+
+    queue = f"ck-raw-{uuid.uuid4().hex[:10]}.commands"
+    config = NATSConfig.from_url(nats_url)
+    consumer = NATSConsumer(config)
+    handed: list[object] = []
+
+    async def callback(delivery: object) -> None:
+        handed.append(delivery)
+
+    dead = NATSDeadLetters(config)
+    try:
+        await consumer.subscribe(queue, callback, prefetch=1)  # type: ignore[arg-type]
+        client = await consumer.connection.client()
+        raw = Msg(_client=client, subject=queue, reply="not.an.ack.subject", data=b"{}", headers={"tenant-id": "t"})
+        assert await consumer.subscription(queue).accept(raw, 0.0) is None
+        [letter] = await dead.peek(queue)
+        assert (letter.reason, letter.queue, letter.body) == ("invalid_header", queue, b"{}")
+        assert handed == []
+    finally:
+        await consumer.close()
+        await _delete_streams(dead.connection, stream_name(queue), f"{stream_name(queue)}_dlq")
+        await dead.close()

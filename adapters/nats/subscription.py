@@ -24,11 +24,12 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from consumer_kit import headers as own_headers
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.errors import DeadLetterReason
 
 from .delivery import NATSDelivery
-from .envelope import DEAD_LETTER_DETAIL_HEADER, DEAD_LETTER_REASON_HEADER, ORIGINAL_QUEUE_HEADER
+from .envelope import DEAD_LETTER_DETAIL_HEADER, DEAD_LETTER_REASON_HEADER, ORIGINAL_QUEUE_HEADER, headers_for
 from .errors import describe
 from .renewal import Heartbeat
 from .topology import QueueInfo
@@ -128,12 +129,13 @@ class Subscription:
     async def _dead_letter_raw(self, msg: Msg) -> None:
         """A message no delivery could be made of: a copy to the dead-letter stream with reason
         ``invalid_header``, then ``term()`` (never retried forever, never dropped)."""
-        headers = {k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")}
+        headers: dict[str, Any] = {k: v for k, v in (msg.headers or {}).items() if not k.lower().startswith("nats-")}
         headers.update({DEAD_LETTER_REASON_HEADER: DeadLetterReason.INVALID_HEADER.value,
                         DEAD_LETTER_DETAIL_HEADER: "the message could not be mapped",
                         ORIGINAL_QUEUE_HEADER: self.queue})
         try:
-            await self._js.publish(self.info.dlq_subject, msg.data, headers=headers, timeout=self._settle_timeout)
+            sent = headers_for(own_headers.seal(headers, msg.data))  # signed: dlq list believes the reason
+            await self._js.publish(self.info.dlq_subject, msg.data, headers=sent, timeout=self._settle_timeout)
             await msg.term()
         except Exception as exc:  # noqa: BLE001 - it comes back when ack_wait lapses
             logger.error("dead-lettering an unmappable message of queue=%s failed (%s)", self.queue, describe(exc))
