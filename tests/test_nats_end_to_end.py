@@ -147,3 +147,24 @@ async def test_a_message_no_delivery_can_be_made_of_is_dead_lettered_with_a_sign
         await consumer.close()
         await _delete_streams(dead.connection, stream_name(queue), f"{stream_name(queue)}_dlq")
         await dead.close()
+
+
+async def test_an_idle_queue_keeps_the_consumer_ready(nats_url: str) -> None:  # noqa: F811 - fixture
+    """Empty pulls (nothing arrived in ``fetch_wait``) are no outage: the consumer stays ready."""
+    queue = f"ck-idle-{uuid.uuid4().hex[:10]}.commands"
+    consumer = NATSConsumer(NATSConfig.from_url(f"{nats_url}?fetch_wait=0.2"))
+
+    async def callback(delivery: object) -> None:
+        raise AssertionError("nothing was sent")
+
+    try:
+        await consumer.subscribe(queue, callback, prefetch=8)  # type: ignore[arg-type]
+        async with asyncio.timeout(15):
+            while consumer.subscription(queue).pulls < 3:
+                await asyncio.sleep(0.05)  # waiting for three empty pulls (a condition)
+        assert consumer.ready and not consumer.subscription(queue).failing
+    finally:
+        await consumer.close()
+        cleanup = NATSConnection(NATSConfig.from_url(nats_url))
+        await _delete_streams(cleanup, stream_name(queue), f"{stream_name(queue)}_dlq")
+        await cleanup.close()

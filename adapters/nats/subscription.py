@@ -50,7 +50,7 @@ class Subscription:
         wanted: whether the consumer wants deliveries now; ``dispatch``: hands a delivery to the worker.
 
     Attributes:
-        held: unsettled deliveries by stream sequence. ``receives``, ``left_to_lapse``: counters.
+        held: unsettled deliveries by stream sequence. ``pulls``, ``receives``, ``left_to_lapse``: counters.
         failing: the last pull failed.
     """
 
@@ -67,6 +67,7 @@ class Subscription:
         self.held: dict[int, NATSDelivery] = {}
         self._room = asyncio.Event()
         self._room.set()
+        self.pulls = 0
         self.receives = 0
         self.left_to_lapse = 0
         self.failing = False
@@ -89,8 +90,10 @@ class Subscription:
             requested_at = time.monotonic()
             try:
                 messages = await self.pull.fetch(batch=min(_BATCH, room), timeout=self._fetch_wait)
-            except nats.errors.TimeoutError:
-                messages = []  # nothing arrived in fetch_wait
+            except (nats.errors.TimeoutError, TimeoutError):
+                # nothing arrived in fetch_wait (FetchTimeoutError), or the pull was cut short by
+                # the close (a plain TimeoutError); a server that is away shows in ``ready``
+                messages = []
             except Exception as exc:  # noqa: BLE001 - an outage: back off and pull again
                 failures += 1
                 if not self.failing:
@@ -98,6 +101,7 @@ class Subscription:
                 self.failing = True
                 await asyncio.sleep(min(5.0, 0.1 * 2 ** (failures - 1)))
                 continue
+            self.pulls += 1
             if self.failing:
                 logger.info("pull from queue=%s works again", self.queue)
             self.failing, failures = False, 0
