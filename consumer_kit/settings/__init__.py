@@ -59,8 +59,9 @@ GROUP_READERS: dict[str, str] = {
     "database": "Every command that touches PostgreSQL: migrate, ledger, stats, prune, the worker,"
     " the relay, the HTTP front door.",
     "broker": "Every command that talks to a broker: the worker, the relay, declare, dlq; each"
-    " adapter's publisher and dead-letter tools. RabbitMQ has no group of its own: its options are"
-    " the amqp:// URL's (aio-pika's) and the worker's retry settings.",
+    " adapter's publisher and dead-letter tools. RabbitMQ and NATS have no group of"
+    " their own: their options are those of the amqp:// URL (aio-pika's) and the nats:// URL, plus"
+    " the worker's retry settings.",
     "worker": "consumer-kit worker and declare; the HTTP front door (its timeouts and pool).",
     "relay": "outbox-relay; its maintenance commands (status, requeue, cleanup) read only the"
     " database group and the RELAY_MAX_ATTEMPTS, RELAY_RETENTION and RELAY_CLEANUP_BATCH settings.",
