@@ -1,8 +1,9 @@
 """The demo: the invoices example against the embedded PostgreSQL and the memory broker.
 
-Run it from the repository root with ``python -m examples.invoices.demo``. It lives with the
-example (not in ``consumer_kit``) because it wires everything together: the core, the memory
-adapter and the relay; the core does not import it.
+Run it with ``python -m consumer_kit.demo`` (installed: this folder, ``examples/invoices``, installs
+as ``consumer_kit.demo``) or, from a clone, ``python -m examples.invoices.demo``. It lives with the
+example (not in the core) because it wires everything together: the core, the memory adapter and
+the relay; the core does not import it. Imports of this folder are relative, so both names work.
 
 It sends commands in phases (unique ones, duplicates sequential and concurrent, a resend with
 only ``requested_at`` changed, a conflicting amount, invalid bodies, a permanent failure and its
@@ -37,7 +38,7 @@ from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
-from examples.invoices.app import app, create_tables
+from .app import app, create_tables
 
 DEMO_SCHEMA = "consumer_kit_demo"
 QUEUE = "invoices.commands"
