@@ -28,7 +28,7 @@ from rich.table import Table
 
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit.broker import Delivery
-from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging
+from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging, user_errors
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
@@ -207,11 +207,15 @@ def _where(url: str) -> str:
 def main(log_level: LogLevel = "ERROR", library_log_level: LibraryLogLevel = "WARNING") -> None:
     """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
 
-    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
+    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL (the ``embedded`` extra;
+    not as root); the broker is the
     in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
     Exit code 0 when every balance equals the sum of the unique commands."""
     setup_logging(log_level, library_log_level)
-    raise typer.Exit(asyncio.run(run_demo(read_settings(Settings))))
+    settings = read_settings(Settings)
+    with user_errors(settings):  # no pgserver, root, no server: one `error:` line, exit 2
+        code = asyncio.run(run_demo(settings))
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":
