@@ -42,7 +42,7 @@ def stats(
         seconds = parse_duration(since)
     except ValueError as exc:
         fail(f"--since: {exc}")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit stats")
     reader = StatsReader(settings.db_schema, max_attempts=max_attempts)
     result = _run(settings, lambda conn: reader.read(conn, since=seconds))
     if as_json:
