@@ -10,8 +10,8 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from consumer_kit.cli.main import cli
 from consumer_kit.cli.console import setup_logging
+from consumer_kit.cli.main import cli
 from consumer_kit.testing import Harness
 from examples.invoices.app import SCHEMA_SQL, CreateInvoiceHandler
 

@@ -38,6 +38,7 @@ from consumer_kit.cli.dlq import dlq_cli
 from consumer_kit.cli.ledger import ledger_cli
 from consumer_kit.cli.prune import prune
 from consumer_kit.cli.stats import stats as stats_command
+from consumer_kit.cli.watch import watch as watch_command
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
@@ -228,6 +229,7 @@ async def _declare(app: App, settings: Settings) -> tuple[list[list[str]], list[
 
 cli.add_typer(ledger_cli, name="ledger")
 cli.command("stats")(stats_command)
+cli.command("watch")(watch_command)
 cli.add_typer(dlq_cli, name="dlq")
 cli.command("prune")(prune)
 

@@ -42,3 +42,19 @@ class OutboxEvent:
     headers: dict[str, Any]
     operation_key: str | None
     published: bool
+
+
+@dataclass(frozen=True)
+class WatchedEvent:
+    """One message seen on an event destination by ``consumer-kit watch`` (a temporary tap).
+
+    ``headers`` are the message's headers as the broker carries them (values as text); ``body``
+    the raw bytes (untrusted: printed only with ``--show-body``, escaped).
+    """
+
+    destination: str
+    routing_key: str
+    message_id: str | None
+    message_type: str | None
+    headers: dict[str, str]
+    body: bytes

@@ -31,6 +31,7 @@ from consumer_kit.http import (
     IdempotentRoute,
     OperationFailed,
 )
+
 from .app import CreateInvoice
 
 QUEUE = "invoices.commands"

@@ -38,6 +38,7 @@ from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
+
 from .app import app, create_tables
 
 DEMO_SCHEMA = "consumer_kit_demo"

@@ -20,6 +20,7 @@ from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Sett
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.cli.console import fail, read_settings, require_shared_broker, setup_logging
 from consumer_kit.redaction import redact_url
+
 from .app import CreateInvoice
 
 QUEUE = "invoices.commands"
