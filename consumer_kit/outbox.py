@@ -133,6 +133,19 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
         DROP INDEX IF EXISTS {schema}.outbox_pending_partition_idx;
         """,
     ),
+    (
+        105,
+        # One outbox belongs to one broker: the relay records the broker it publishes to at its
+        # first start and refuses another while events are pending (consumer_kit.outbox_relay.binding).
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.outbox_broker (
+            singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+            broker     text        NOT NULL,
+            bound_at   timestamptz NOT NULL DEFAULT now(),
+            bound_by   text
+        );
+        """,
+    ),
 ]
 
 
