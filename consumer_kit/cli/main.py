@@ -1,5 +1,5 @@
 """The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``ledger``, ``stats``, ``dlq``,
-``prune`` (the demo is an example: ``python -m examples.invoices.demo``).
+``prune``, ``watch`` (the demo is the invoices example, installed as ``consumer_kit.demo``: ``python -m consumer_kit.demo``).
 
 Exit codes: 0 done (a worker stopped by SIGTERM/SIGINT too), 2 a mistake the user can fix (a
 setting out of range, no database named, wrong URL, schema not migrated), printed as
