@@ -74,3 +74,24 @@ async def test_the_delivery_log_line_names_the_field_of_a_schema_mismatch(
     fields = lines[0].consumer_kit_fields  # type: ignore[attr-defined]
     assert fields["detail"] == "amount_cents: int_parsing"
     assert json.dumps(fields)  # the JSON line carries it too
+
+
+def test_at_80_columns_dlq_detail_and_stats_operation_types_are_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 saw `dlq list` fold its detail every 8 characters and `stats` cut operation types:
+    at 80 columns both print one block per record, values whole (the same print_records)."""
+    from consumer_kit.cli.console import Field, output, print_records
+    from consumer_kit.cli.stats import COLUMNS
+
+    console = output()
+    console.width = 80
+    detail = "amount_cents: int_parsing; currency: string_too_long"
+    print_records("dead letters of invoices.commands (1)",
+                  [Field("message id", 16), Field("operation key", 16), Field("reason", 16), Field("detail", 20),
+                   Field("deliveries", 10, "right"), Field("first failure", 10), Field("last failure", 10)],
+                  [("m-1", "order-7-rev-1", "schema_mismatch", detail, 3, "12:00:00", "12:00:05")], console)
+    operation_type = "billing.invoice.create.with.a.long.name"
+    print_records("operations", (Field("operation type", 16), *(Field(t, 6, "right") for _, t in COLUMNS)),
+                  [(operation_type, *range(len(COLUMNS)))], console)
+    printed = capsys.readouterr().out
+    assert detail in printed and operation_type in printed  # each on one line, not folded or cut
+    assert max(len(line) for line in printed.splitlines()) <= 80
