@@ -38,9 +38,13 @@ def test_a_broker_identity_has_no_credentials_or_options(url: str, identity: str
 
 
 async def _relay_once(database_url: str, schema: str, broker_url: str, rabbitmq_url: str) -> int:
-    relay = Relay(relay_settings(database_url, schema, broker_url), publisher=RabbitMQPublisher(rabbitmq_url))
-    await relay.run(once=True)
-    return int(relay.counters["published"])
+    publisher = RabbitMQPublisher(rabbitmq_url)
+    try:
+        relay = Relay(relay_settings(database_url, schema, broker_url), publisher=publisher)
+        await relay.run(once=True)
+        return int(relay.counters["published"])
+    finally:
+        await publisher.close()  # the caller owns a publisher it passes in
 
 
 @pytest.mark.postgres

@@ -56,8 +56,11 @@ async def test_watch_prints_what_the_relay_publishes_and_leaves_no_queue(
             ready = await asyncio.wait_for(proc.stderr.readline(), 30)
             assert ready.decode().startswith(f"watching {exchange_name} (routing key #) through a temporary queue")
             [event_id] = await write_events(conn, schema, [Event(exchange_name, "invoice.created", payload={"n": 1})])
-            published = await relay_pending(relay_settings(database_url, schema, rabbitmq_url),
-                                            RabbitMQPublisher(rabbitmq_url))
+            publisher = RabbitMQPublisher(rabbitmq_url)
+            try:
+                published = await relay_pending(relay_settings(database_url, schema, rabbitmq_url), publisher)
+            finally:
+                await publisher.close()
             assert published == 1
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             assert proc.returncode == 0, err.decode()
