@@ -150,4 +150,4 @@ def _adapter(settings: Settings) -> BrokerAdapter:
 
 
 def _extra(scheme: str) -> str:
-    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus"}.get(scheme, "all")
+    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus", "nats": "nats"}.get(scheme, "all")

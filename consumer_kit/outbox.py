@@ -294,7 +294,7 @@ class OutboxWriter:
 
         Raises:
             ValueError: empty destination, headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded, or
-            a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
+                a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
             TypeError: payload or headers not JSON-serialisable.
         """
         event = pending_event(

@@ -330,7 +330,7 @@ def test_declare_refuses_the_in_process_broker(cli_logging: None) -> None:
     assert result.stderr.startswith("error: consumer-kit declare needs a real broker")
 
 
-def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_readme_example() -> None:
+def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_rabbitmq_page_example() -> None:
     source = (ROOT / "examples" / "invoices" / "plain_producer.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
@@ -339,7 +339,7 @@ def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_readme_ex
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     assert imported == {"asyncio", "datetime", "json", "sys", "uuid", "aio_pika"}
-    assert f"```python\n{source}```" in (ROOT / "README.md").read_text()
+    assert f"```python\n{source}```" in (ROOT / "docs" / "brokers" / "rabbitmq.md").read_text()
 
 
 INVOICE_QUEUES = ["invoices.commands", "invoices.commands.dlq", *(

@@ -2,7 +2,7 @@
 
     consumer-kit ledger list --state needs_reconciliation --older-than 10m [--json]
     consumer-kit ledger show SCOPE KEY [--bodies] [--json]
-    consumer-kit ledger resolve SCOPE KEY --completed|--failed --note "refund checked in the PSP"
+    consumer-kit ledger resolve SCOPE KEY --completed|--not-done|--failed --note "refund checked in the PSP"
 
 Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only. Result bodies are printed only
 with ``--bodies`` (they may hold personal data).
@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import getpass
 import re
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -36,7 +34,16 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.embedded import database_url
-from consumer_kit.ledger.inspect import STATES, LedgerInspector, OperationDetail, OperationSummary
+from consumer_kit.ledger.inspect import (
+    COMPLETED_DECISION,
+    FAILED_DECISION,
+    NOT_DONE_DECISION,
+    STATES,
+    LedgerInspector,
+    OperationDetail,
+    OperationSummary,
+)
+from consumer_kit.operator_actions import Refused, default_actor, resolve_parked
 from consumer_kit.settings import EMBEDDED, DatabaseSettings
 
 T = TypeVar("T")
@@ -138,6 +145,8 @@ def resolve(
     scope: Annotated[str, typer.Argument(help="e.g. default/email.welcome/v1")],
     key: Annotated[str, typer.Argument(help="The operation key")],
     completed: Annotated[bool, typer.Option("--completed", help="The effect happened")] = False,
+    not_done: Annotated[bool, typer.Option(
+        "--not-done", help="The effect did not happen: run again with the same downstream keys")] = False,
     failed: Annotated[bool, typer.Option("--failed", help="The effect did not happen and will not")] = False,
     note: Annotated[str, typer.Option(help="Why (kept with the row: what you checked)")] = "",
     by: Annotated[str | None, typer.Option(help="Who (default user@host)")] = None,
@@ -145,23 +154,23 @@ def resolve(
     schema: Schema = None,
     embedded: Embedded = False,
 ) -> None:
-    """Settle a parked operation (or one stuck processing under an expired lease) as completed or
-    failed. Its parked message can then be redriven: it answers as a duplicate (or the failure)."""
-    if completed == failed:
-        fail("say what happened: exactly one of --completed or --failed")
+    """Settle a parked operation (or one stuck processing under an expired lease) as completed,
+    not done or failed (audited). Its parked message can then be redriven: it answers as a
+    duplicate (or the failure), or, not done, runs the handler again with the same downstream keys."""
+    if completed + not_done + failed != 1:
+        fail("say what happened: exactly one of --completed, --not-done or --failed")
     if not note.strip():
         fail("--note is required: say what you checked (it is kept with the row)")
     settings = _settings(schema, embedded, "consumer-kit ledger resolve")
-    who = by or f"{getpass.getuser()}@{socket.gethostname()}"
-    inspector = LedgerInspector(settings.db_schema)
-    state = _run(settings, lambda conn: inspector.resolve(
-        conn, scope, key, completed=completed, note=note.strip()[:2000], by=who, status=status,
-    ))
-    if state is None:
-        fail(
-            f"{scope} {key} is not parked (needs_reconciliation) nor stuck under an expired lease: "
-            "see `consumer-kit ledger show`"
-        )
+    who = by or default_actor()
+    decision = COMPLETED_DECISION if completed else NOT_DONE_DECISION if not_done else FAILED_DECISION
+    try:
+        state = _run(settings, lambda conn: resolve_parked(
+            conn, settings.db_schema, scope, key, decision=decision, note=note, by=who, source="cli",
+            status=status,
+        ))
+    except Refused as refused:
+        fail(str(refused))
     typer.echo(plain(f"{scope} {key}: {state} (resolved by {who})"))
 
 
