@@ -71,37 +71,48 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * _UNIT_SECONDS[match[2]]
 
 
+ALL_STATES = "all"
+
+
 @ledger_cli.command("list")
 def list_operations(
-    state: Annotated[str, typer.Option(help=f"One of {', '.join(STATES)}")] = "needs_reconciliation",
+    state: Annotated[
+        str, typer.Option(help=f"{ALL_STATES} (every state), or one of {', '.join(STATES)}")
+    ] = ALL_STATES,
     older_than: Annotated[str, typer.Option(help="Not updated for this long: 30s, 10m, 2h, 1d")] = "0s",
     limit: Annotated[int, typer.Option(min=1, max=10000)] = 100,
     schema: Schema = None,
     as_json: AsJson = False,
     embedded: Embedded = False,
 ) -> None:
-    """Operations in one state, oldest first (no bodies)."""
-    if state not in STATES:
-        fail(f"--state={state}: must be one of {', '.join(STATES)}")
+    """Operations, oldest first (no bodies): every state unless --state names one; the title says
+    which states it shows (parked ones: --state needs_reconciliation)."""
+    if state != ALL_STATES and state not in STATES:
+        fail(f"--state={state}: must be {ALL_STATES} or one of {', '.join(STATES)}")
     try:
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(f"--older-than: {exc}")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit ledger list")
     inspector = LedgerInspector(settings.db_schema)
-    rows = _run(settings, lambda conn: inspector.list(conn, state, older_than=seconds, limit=limit))
+    only = None if state == ALL_STATES else state
+    rows = _run(settings, lambda conn: inspector.list(conn, only, older_than=seconds, limit=limit))
     if as_json:
         typer.echo(to_json([_jsonable(dataclasses.asdict(r)) for r in rows]))
         return
     now = dt.datetime.now(dt.UTC)
+    shown = f"state {state}" if only else f"all states ({', '.join(STATES)})"
+    older = f", not updated for {older_than}" if seconds else ""
     # scope and key are whole (folded, never cut with ...): they are what `ledger show` takes
     print_records(
-        f"{state} operations in {settings.db_schema} ({len(rows)})",
-        (Field("scope", 16), Field("key", 16), Field("attempts", 8, "right"), Field("updated", 8),
-         Field("lease", 12), Field("reason", 20)),
-        [(row.scope, row.key, row.attempts, f"{_age(now, row.updated_at)} ago", _lease(row, now),
+        f"operations in {settings.db_schema}, {shown}{older} ({len(rows)}{', limit reached' if len(rows) == limit else ''})",
+        (Field("scope", 16), Field("key", 16), Field("state", 10), Field("attempts", 8, "right"),
+         Field("updated", 8), Field("lease", 12), Field("reason", 20)),
+        [(row.scope, row.key, row.state, row.attempts, f"{_age(now, row.updated_at)} ago", _lease(row, now),
           (row.error_class or "") + (f": {row.error_detail}" if row.error_detail else "")) for row in rows],
     )
+    if only and not rows:
+        typer.echo(f"no operation in state {state}; `consumer-kit ledger list` shows every state")
 
 
 @ledger_cli.command()
@@ -114,7 +125,7 @@ def show(
     embedded: Embedded = False,
 ) -> None:
     """One operation: its row, the evidence its remote calls recorded, its attempt history."""
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit ledger show")
     inspector = LedgerInspector(settings.db_schema)
     detail = _run(settings, lambda conn: inspector.show(conn, scope, key, bodies=bodies))
     if detail is None:
@@ -150,7 +161,7 @@ def resolve(
         fail("say what happened: exactly one of --completed, --not-done or --failed")
     if not note.strip():
         fail("--note is required: say what you checked (it is kept with the row)")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit ledger resolve")
     who = by or default_actor()
     decision = COMPLETED_DECISION if completed else NOT_DONE_DECISION if not_done else FAILED_DECISION
     try:
@@ -163,13 +174,14 @@ def resolve(
     typer.echo(plain(f"{scope} {key}: {state} (resolved by {who})"))
 
 
-def _settings(schema: str | None, embedded: bool) -> DatabaseSettings:
+def _settings(schema: str | None, embedded: bool, program: str) -> DatabaseSettings:
+    """The database settings of ``program`` (named in the refusal when no database is set)."""
     settings = read_settings(
         DatabaseSettings, db_schema=schema, database_url=EMBEDDED if embedded else None,
         options={"db_schema": "--schema"},
     )
     with user_errors(settings):
-        require_database(settings, "consumer-kit ledger")
+        require_database(settings, program)
     return settings
 
 

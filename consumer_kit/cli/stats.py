@@ -44,7 +44,7 @@ def stats(
         seconds = parse_duration(since)
     except ValueError as exc:
         fail(f"--since: {exc}")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit stats")
     if max_attempts is None:  # the relay's setting, read from the relay's group
         max_attempts = read_settings(OutboxSettings, db_schema=settings.db_schema).relay_max_attempts
     reader = StatsReader(settings.db_schema, max_attempts=max_attempts)

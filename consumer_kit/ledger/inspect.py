@@ -29,7 +29,7 @@ _SUMMARY_COLUMNS = """
 
 _LIST = """
     SELECT {columns} FROM {table}
-     WHERE state = %(state)s AND updated_at <= now() - make_interval(secs => %(older_than)s)
+     WHERE (%(state)s::text IS NULL OR state = %(state)s) AND updated_at <= now() - make_interval(secs => %(older_than)s)
        {watched}
      ORDER BY updated_at LIMIT %(limit)s
 """
@@ -126,14 +126,15 @@ class LedgerInspector:
         self._attempts = AttemptBook(schema, worker="operator")
 
     async def list(
-        self, conn: AsyncConnection[Any], state: str, *, older_than: float = 0.0, limit: int = 100
+        self, conn: AsyncConnection[Any], state: str | None, *, older_than: float = 0.0, limit: int = 100
     ) -> list[OperationSummary]:
-        """Operations in ``state`` not updated for ``older_than`` seconds, oldest first.
+        """Operations in ``state`` (``None``: every state) not updated for ``older_than`` seconds,
+        oldest first, at most ``limit``.
 
         Raises:
             ValueError: an unknown state.
         """
-        if state not in STATES:
+        if state is not None and state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
         watched = "AND watch_since IS NOT NULL" if state in _WATCHED_STATES else ""
         query = sql.SQL(_LIST).format(
