@@ -281,6 +281,46 @@ async def test_a_give_back_whose_redelivery_arrives_before_its_reply_is_still_ou
     assert await depth(sqs, url) == 0
 
 
+async def test_a_give_back_whose_reply_outlives_the_settle_timeout_is_still_our_own(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    # The race left behind the flaky FIFO give-back test: on a loaded machine the reply of
+    # retry(0)'s ChangeMessageVisibility came after the settle timeout. SQS had applied the change,
+    # but the adapter forgot the give-back on the timeout, so the next receive (count 2) was judged
+    # a redelivery: (2, True). An unknown outcome is no refusal: the give-back stays remembered.
+    name = f"t{uuid.uuid4().hex[:10]}.fifo"
+    url = await make_queue(sqs, name)
+    await send(sqs, url, MessageGroupId="g", MessageDeduplicationId="one")
+    retried = asyncio.Event()
+    inbox = Inbox()
+    consumer = SQSConsumer(SQSConfig.from_url(sqs_url(sqs_endpoint, visibility=30, heartbeat="off")),
+                           settle_timeout=1.0)
+    await consumer.subscribe(name, inbox, prefetch=10)
+    try:
+        first = await inbox.next()
+
+        async def reply_after_the_timeout(params: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+            await asyncio.sleep(WAIT)  # cancelled by the settle timeout: the reply never arrives
+            return reply
+
+        async def receive_after_the_retry(params: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+            if reply.get("Messages"):
+                await asyncio.wait_for(retried.wait(), WAIT)  # judged only once retry() is over
+            return reply
+
+        intercept(consumer.client, "change_message_visibility", reply_after_the_timeout)
+        intercept(consumer.client, "receive_message", receive_after_the_retry)
+        await first.retry(0)
+        retried.set()
+        assert first.lost  # the settlement's outcome is unknown to the worker
+        second = await inbox.next()
+        assert (second.delivery_count, second.redelivered) == (2, False)
+        await second.ack()
+    finally:
+        await consumer.close()
+    assert await depth(sqs, url) == 0
+
+
 async def test_the_same_message_twice_in_one_receive_runs_once(sqs: SQSClient, sqs_endpoint: str) -> None:  # noqa: F811
     name = f"t{uuid.uuid4().hex[:10]}"
     url = await make_queue(sqs, name)

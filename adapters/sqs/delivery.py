@@ -41,6 +41,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery, Settlement, sender_across_copies
 from consumer_kit.envelope import CORRELATION_ID_HEADER
@@ -246,9 +248,14 @@ class SQSDelivery(Delivery):
         )
         try:
             await self._settler.change_visibility(self, seconds)
-        except BaseException:
+        except (ClientError, LockLost):
+            # SQS answered with a refusal: the change was not applied.
             GIVE_BACKS.forget(self.queue_url, self.sqs_message_id, earlier)
             raise
+        # Anything else (the settle timeout, a lost reply, cancellation) leaves the outcome
+        # unknown: SQS may have applied the change, so the give-back stays remembered. Forgetting
+        # it made the next receive a "redelivery" on a loaded machine (issue 24); if the change
+        # was not applied, the lock lapses and the receive it brings is still our own give-back.
 
     async def _copy_then_delete(
         self, target: QueueInfo, headers: dict[str, Any], delay: int, why: str,
