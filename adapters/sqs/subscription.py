@@ -167,6 +167,7 @@ class Subscription:
                 queue=self.queue, info=self.info, dead_letters=self.dead_letters, settler=self._settler,
                 requested_at=requested_at, visibility=self.visibility, settle_timeout=self._settle_timeout,
                 renew=self._heartbeat.renew, on_settled=self._settled,
+                hold_retries=self.info.fifo and self._heartbeat.enabled,
             ),
             unbuildable=lambda detail: self._spawn(self._dead_letter_raw(raw, detail)),
             what=f"queue={self.queue} sqs_message_id={sqs_message_id}",
@@ -222,7 +223,12 @@ class Subscription:
 
     def _settled(self, delivery: SQSDelivery) -> None:
         self._heartbeat.drop(delivery)
+        successor = delivery.successor if delivery.settlement is not None and not delivery.lost else None
         if self.held.get(delivery.sqs_message_id) is delivery:
+            if successor is not None:  # a held retry (FIFO): it keeps the slot and the lock
+                self.held[delivery.sqs_message_id] = successor
+                self._heartbeat.hold(successor)
+                return
             del self.held[delivery.sqs_message_id]
         self._room.set()
 
