@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,6 +44,7 @@ from consumer_kit.outbox_relay.relay import relay_pending
 from consumer_kit.publishing import OutgoingMessage
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.harness import throwaway_schema
+from tests.tcp_proxy import TcpProxy
 from tests.test_rabbitmq_adapter import Inbox  # collects deliveries; next() waits, bounded
 
 WAIT = 15.0  # seconds: upper bound for anything that should happen "soon"
@@ -555,3 +557,55 @@ async def test_the_relay_publishes_to_fifo_with_event_ids_as_deduplication_ids(
         assert carried["x-consumer-kit-message-id"] == carried["event-id"] == event_id
         assert carried["message-type"] == "InvoiceCreated" and carried["x-app-11"] == "11"
     assert await depth(sqs, url) == 0  # the two re-sends were deduplicated by SQS
+
+
+ATTEMPT_ID = re.compile(rb'"ReceiveRequestAttemptId"\s*:\s*"([^"]+)"')
+
+
+async def test_a_fifo_receive_whose_reply_is_lost_is_retried_with_the_same_attempt_id(
+    sqs: SQSClient, sqs_endpoint: str,  # noqa: F811
+) -> None:
+    # AWS: a ReceiveMessage retried with the same ReceiveRequestAttemptId returns the messages the
+    # lost reply held (moto ignores the id: what is checked here is what the adapter sends).
+    name = f"t{uuid.uuid4().hex[:10]}.fifo"
+    url = await make_queue(sqs, name)
+    await send(sqs, url, MessageGroupId="g", MessageDeduplicationId="one")
+    host, port = sqs_endpoint.split("://", 1)[1].split(":")
+    proxy = TcpProxy(host, int(port))
+    proxied = f"http://127.0.0.1:{await proxy.start()}"
+    # botocore tries 3 times (standard mode); the 4th loss makes the poll fail, and the loop's
+    # own retry must carry the id too
+    proxy.lose_replies(b"AmazonSQS.ReceiveMessage", 4)
+    inbox = Inbox(lambda delivery: delivery.ack())
+    try:
+        async with consuming(proxied, name, inbox, visibility=2) as consumer:
+            await inbox.next(timeout=WAIT)  # the lost receive's message, once its visibility lapsed
+            async with asyncio.timeout(WAIT):
+                while consumer.receives < 1 or len(proxy.requests) < 6:
+                    await asyncio.sleep(0.05)
+    finally:
+        await proxy.close()
+    ids = [ATTEMPT_ID.search(bytes(request)) for request in proxy.requests]
+    assert all(ids), "every FIFO receive carries ReceiveRequestAttemptId"
+    values = [match.group(1) for match in ids if match]
+    assert all(1 <= len(v) <= 128 for v in values)
+    assert len(set(values[:5])) == 1  # 3 botocore tries + 1 of them lost again + the loop's retry
+    assert len(set(values[4:])) == len(values[4:])  # after a receive answered: a new id each time
+    assert await depth(sqs, url) == 0
+
+
+async def test_a_standard_queue_receive_carries_no_attempt_id(sqs: SQSClient, sqs_endpoint: str) -> None:  # noqa: F811
+    name = f"t{uuid.uuid4().hex[:10]}"
+    await make_queue(sqs, name)
+    host, port = sqs_endpoint.split("://", 1)[1].split(":")
+    proxy = TcpProxy(host, int(port))
+    proxied = f"http://127.0.0.1:{await proxy.start()}"
+    proxy.lose_replies(b"AmazonSQS.ReceiveMessage", 0)  # only recorded
+    try:
+        async with consuming(proxied, name, Inbox()):
+            async with asyncio.timeout(WAIT):
+                while len(proxy.requests) < 1:
+                    await asyncio.sleep(0.05)
+    finally:
+        await proxy.close()
+    assert b"ReceiveMessage" in bytes(proxy.requests[0]) and not ATTEMPT_ID.search(bytes(proxy.requests[0]))
