@@ -10,6 +10,7 @@ those replies are injected into the adapter's client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -192,14 +193,21 @@ async def test_fifo_groups_keep_their_order_and_run_in_parallel(sqs: SQSClient, 
     overlap_across_groups = False
     handled: list[tuple[str, int, int]] = []  # (group, seq, delivery_count)
     retried_once: set[int] = set()
+    # Each group's first message waits (bounded) until the other group's is running: the overlap
+    # across groups is then a fact of parallel lanes, not of a 50 ms sleep on a loaded machine.
+    first_running = {"A": asyncio.Event(), "B": asyncio.Event()}
 
     async def work(delivery: Delivery) -> None:
         nonlocal overlap_within_group, overlap_across_groups
         group, seq = delivery.partition_key or "", int(json.loads(delivery.body)["seq"])
         running[group] += 1
         overlap_within_group |= running[group] > 1
+        if seq == 0:
+            first_running[group].set()
+            other = first_running["B" if group == "A" else "A"]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(other.wait(), WAIT)
         overlap_across_groups |= all(running.values())
-        await asyncio.sleep(0.05)  # the handler's work
         running[group] -= 1
         if group == "A" and seq == 1 and seq not in retried_once:
             retried_once.add(seq)
@@ -396,8 +404,17 @@ async def test_a_delete_entry_sqs_failed_on_its_side_is_retried(sqs: SQSClient, 
     assert await depth(sqs, url) == 0
 
 
-HANDED_BACK_VISIBILITY = 3  # seconds: waited out below (the lapse is what is tested); the
-# redelivery's own lock leaves its ack, and the heartbeat's extension of it, more than 1 s
+HANDED_BACK_VISIBILITY = 30  # seconds: the lapse is made explicit on SQS's clock below. A short
+# visibility waited out was load-dependent: the redelivery got the same short lock, counted from
+# the poll's send (up to the 1 s long-poll wait earlier), so its ack could come too late on a
+# loaded machine (issue 24, a sibling of the flaky FIFO give-back test)
+
+
+async def lapse_on_sqs(sqs: SQSClient, url: str, delivery: Delivery) -> None:
+    """What the end of the visibility timeout does, now: SQS may hand the message out again."""
+    assert isinstance(delivery, SQSDelivery)
+    await sqs.call("change_message_visibility", QueueUrl=url,
+                   ReceiptHandle=delivery.receipt_handles[-1], VisibilityTimeout=0)
 
 
 def hand_back_first(handed_back: list[Delivery]) -> Inbox:
@@ -427,10 +444,15 @@ async def test_a_delivery_handed_back_unsettled_lapses_and_comes_back_while_the_
     async with consuming(sqs_endpoint, name, inbox, visibility=HANDED_BACK_VISIBILITY) as consumer:
         await send(sqs, url)
         first = await inbox.next()
-        again = await inbox.next()  # extended for as long as the worker lives, it never would
+        subscription = consumer.subscription(name)
+        async with asyncio.timeout(WAIT):
+            while subscription.left_to_lapse < 1:
+                await asyncio.sleep(0.02)
+        assert first not in consumer.heartbeat.held()  # no longer extended: it will lapse
+        await lapse_on_sqs(sqs, url, first)
+        again = await inbox.next()
         assert (again.message_id, again.delivery_count, again.redelivered) == (first.message_id, 2, True)
         assert first.settlement is None and not first.lost
-        subscription = consumer.subscription(name)
         assert first not in consumer.heartbeat.held() and first not in subscription.held.values()
         assert subscription.left_to_lapse == 1
     assert await depth(sqs, url) == 0
@@ -444,10 +466,12 @@ async def test_a_delivery_handed_back_unsettled_is_not_given_back_at_close(
     redelivered) instead of a fresh message."""
     name = f"t{uuid.uuid4().hex[:10]}"
     url = await make_queue(sqs, name)
-    first_inbox = hand_back_first([])
+    handed_back: list[Delivery] = []
+    first_inbox = hand_back_first(handed_back)
     async with consuming(sqs_endpoint, name, first_inbox, visibility=HANDED_BACK_VISIBILITY):
         message_id = await send(sqs, url)
         await first_inbox.next()
+    await lapse_on_sqs(sqs, url, handed_back[0])  # closing gave nothing back: it lapses as it is
     inbox = Inbox(lambda delivery: delivery.ack())
     async with consuming(sqs_endpoint, name, inbox, visibility=HANDED_BACK_VISIBILITY):
         again = await inbox.next()
