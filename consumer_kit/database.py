@@ -69,11 +69,15 @@ def connection_options(settings: Settings, search_path: str | None) -> dict[str,
     """libpq keyword arguments of every worker connection.
 
     ``lock_timeout`` (at least 1 ms: PostgreSQL reads 0 as "no limit") bounds how long a claim
-    waits on a concurrent claimer of the same key; keepalives and ``tcp_user_timeout`` make a dead
-    peer fail the connection instead of leaving it open.
+    waits on a concurrent claimer of the same key; ``idle_in_transaction_session_timeout``
+    (``Settings.effective_idle_in_transaction_timeout``) ends the session of a process frozen
+    inside a transaction (SIGSTOP, a paused VM), which would otherwise hold its claim's row lock
+    for as long as it stays frozen; keepalives and ``tcp_user_timeout`` make a dead peer fail the
+    connection instead of leaving it open.
     """
     lock_ms = max(1, round(settings.lock_timeout * 1000))
-    options = f"-c lock_timeout={lock_ms}"
+    idle_ms = max(1, round(settings.effective_idle_in_transaction_timeout * 1000))
+    options = f"-c lock_timeout={lock_ms} -c idle_in_transaction_session_timeout={idle_ms}"
     if not settings.outbox_notify:
         options += " -c consumer_kit.outbox_notify=off"
     if search_path:

@@ -10,6 +10,8 @@ It forwards ``127.0.0.1:<port>`` to any ``target_host:target_port`` (RabbitMQ, P
     await proxy.drop()             # cut every proxied connection (new ones are still accepted)
     await proxy.close()            # stop listening and cut everything (connections are refused)
     await proxy.start()            # listen again on the same port
+    proxy.lose_replies(b"AmazonSQS.ReceiveMessage", 3)  # the next 3 requests containing these
+                                   # bytes reach the server; their replies are cut (connection reset)
 
 Nothing is lost or reordered by ``pause``: each direction stops reading from its source, so the
 sender's kernel buffers fill up as they would in front of a server that stopped reading.
@@ -20,8 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from dataclasses import dataclass, field
 
 _CHUNK = 65536
+
+
+@dataclass
+class _Connection:
+    lose_reply: bool = False  # the request just forwarded is one whose reply is to be lost
+    request: bytearray | None = None  # the marked request being forwarded (until its reply)
+
+
+@dataclass
+class _ReplyLoss:
+    marker: bytes
+    left: int
+    requests: list[bytes] = field(default_factory=list)
 
 
 class TcpProxy:
@@ -41,6 +57,15 @@ class TcpProxy:
         self._flowing.set()
         self._pipes: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._loss: _ReplyLoss | None = None
+        self.requests: list[bytearray] = []  # client-to-server requests holding a lose_replies marker
+
+    def lose_replies(self, marker: bytes, count: int = 1) -> None:
+        """The next ``count`` client chunks containing ``marker`` go to the server (which acts on
+        them); the server's reply to each is cut: the client's connection is reset instead. Every
+        request with ``marker`` (its chunks up to the reply) is kept in :attr:`requests`, also
+        after ``count`` is used up."""
+        self._loss = _ReplyLoss(marker, count)
 
     @property
     def connections(self) -> int:
@@ -105,14 +130,18 @@ class TcpProxy:
         up_reader: asyncio.StreamReader,
         up_writer: asyncio.StreamWriter,
     ) -> None:
+        state = _Connection()
         try:
-            await asyncio.gather(self._copy(reader, up_writer), self._copy(up_reader, writer))
+            await asyncio.gather(self._copy(reader, up_writer, state, upstream=True),
+                                 self._copy(up_reader, writer, state, upstream=False))
         finally:
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.transport.abort()
 
-    async def _copy(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _copy(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, state: _Connection, *, upstream: bool,
+    ) -> None:
         try:
             while True:
                 await self._flowing.wait()  # paused: stop reading, so the sender's buffers fill
@@ -120,6 +149,19 @@ class TcpProxy:
                 if not data:
                     break
                 await self._flowing.wait()  # paused after the read: hold these bytes
+                loss = self._loss
+                if upstream and loss is not None and loss.marker in data:
+                    state.request = bytearray(data)
+                    self.requests.append(state.request)
+                    if loss.left > 0:
+                        loss.left -= 1
+                        state.lose_reply = True
+                elif upstream and state.request is not None:
+                    state.request.extend(data)
+                if not upstream:
+                    state.request = None
+                    if state.lose_reply:
+                        break  # the server answered: the reply is lost, the connection reset
                 sink.write(data)
                 await sink.drain()
         except (OSError, ConnectionError):

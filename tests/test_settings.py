@@ -76,6 +76,7 @@ def test_every_duration_has_a_finite_range_with_a_floor_above_zero_where_zero_me
         "in_progress_delay": (0.05, 3600), "lock_timeout": (0.001, 3600), "alone_marker_ttl": (1, 300),
         "lease_seconds": (1, 86_400), "handler_timeout": (0.1, 86_400),
         "settle_timeout": (0.1, 300), "statement_timeout": (0.5, 3600),
+        "idle_in_transaction_timeout": (1, 86_400),
         "probe_backoff_max": (0.5, 3600), "shutdown_timeout": (0.1, 3600),
         "summary_interval": (1, 86_400), "relay_claim_timeout": (1, 3600),
         "relay_backoff_base": (0.05, 3600), "relay_backoff_max": (0.05, 86_400),

@@ -7,7 +7,17 @@ For a work queue ``<queue>`` (all durable, quorum by default):
   get ``x-delivery-limit`` (:func:`broker_delivery_limit`) and
   ``x-dead-letter-strategy=at-least-once`` (with ``x-overflow=reject-publish``, which that
   strategy requires).
-* ``<queue>.dlq``: the dead-letter queue.
+* ``<queue>.dlq``: the dead-letter queue, which must never drop what it holds. ``consumer-kit dlq
+  list`` and a selective ``dlq redrive`` browse it with ``basic.get`` and put messages back by
+  closing their channel, and a quorum queue counts that as a delivery. Since RabbitMQ 4.0 every
+  quorum queue has a delivery limit (default 20; RabbitMQ's quorum queue guide, "Repeatedly
+  Requeued Deliveries": "a delivery limit of -1" restores the unlimited behaviour), and a DLQ has
+  no DLX: past the limit a dead letter is dropped. So on RabbitMQ 4.x a quorum DLQ is declared
+  with ``x-delivery-limit=-1``. On 3.x nothing is set: there an unset limit is unlimited, and -1
+  is *not* (measured on 3.10.8: a quorum queue with ``x-delivery-limit=-1`` dropped a message
+  after its first return; with no limit it survived 25). :func:`dead_letter_queue_drops` warns at
+  start about an existing DLQ that would drop (a policy's ``delivery-limit`` is not visible to
+  a client: check ``rabbitmqctl list_policies``).
 * ``<queue>.retry.<ms>ms``: one retry queue per delay tier, ``x-message-ttl=<ms>``,
   dead-lettering back to ``<queue>`` through the default exchange. RabbitMQ has no
   delayed-message plugin here, and per-message ``expiration`` only expires at the head of a
@@ -47,6 +57,50 @@ def broker_delivery_limit(max_deliveries: int, crash_limit: int = 3) -> int:
     never below 50, keeps it well out of the way of any legitimate history.
     """
     return max(50, 5 * (max_deliveries + crash_limit))
+
+
+def broker_version(connection: AbstractConnection) -> tuple[int, ...] | None:
+    """RabbitMQ's version from the connection's ``server_properties`` (``(3, 10, 8)``), or
+    ``None`` when it does not say."""
+    transport = getattr(connection, "transport", None)
+    properties = getattr(getattr(transport, "connection", None), "server_properties", None) or {}
+    raw = properties.get("version")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+    parts = re.findall(r"\d+", text)[:3]
+    return tuple(int(p) for p in parts) or None
+
+
+def dead_letter_queue_arguments(queue_type: str, version: tuple[int, ...] | None) -> dict[str, Any]:
+    """The ``<queue>.dlq`` arguments that never drop a dead letter (module docstring): quorum on
+    RabbitMQ 4.x: ``x-delivery-limit=-1``; quorum on 3.x (or a broker that names no version, as
+    every RabbitMQ does): no limit (unset is unlimited before 4.0); classic: none."""
+    if queue_type != "quorum":
+        return {}
+    args: dict[str, Any] = {"x-queue-type": "quorum"}
+    if version is not None and version[0] >= 4:
+        args["x-delivery-limit"] = -1
+    return args
+
+
+def dead_letter_queue_drops(
+    arguments: Mapping[str, Any], queue_type: str, version: tuple[int, ...] | None
+) -> str | None:
+    """Why an existing DLQ with ``arguments`` would drop dead letters that ``dlq list`` browses
+    (``None``: it would not, as far as its arguments show)."""
+    quorum = arguments.get("x-queue-type", queue_type) == "quorum"
+    if not quorum or "x-dead-letter-exchange" in arguments:
+        return None
+    limit = arguments.get("x-delivery-limit")
+    four = version is not None and version[0] >= 4
+    if isinstance(limit, int) and limit >= 0:
+        return f"x-delivery-limit={limit}: a dead letter is dropped after {limit} browses (dlq list, redrive)"
+    if limit is None and four:
+        return ("no x-delivery-limit on RabbitMQ 4.x: the default of 20 applies, a dead letter is "
+                "dropped after about 20 browses (dlq list, redrive); set a policy delivery-limit=-1")
+    if isinstance(limit, int) and limit < 0 and not four:
+        return (f"x-delivery-limit={limit} on RabbitMQ 3.x: a negative limit drops a dead letter at its "
+                "first browse; remove the argument (unset is unlimited before 4.0)")
+    return None
 
 
 def _ms(delay: float) -> int:
@@ -135,7 +189,10 @@ class QueueDeclarer:
         """
         first_time = names.queue not in self._warned
         self._warned.add(names.queue)
-        helpers: list[tuple[str, dict[str, Any]]] = [(names.dlq, self._typed({}))]
+        version = broker_version(connection)
+        helpers: list[tuple[str, dict[str, Any]]] = [
+            (names.dlq, dead_letter_queue_arguments(self.queue_type, version))
+        ]
         for delay, name in names.retry_tiers:
             retry_args = {
                 "x-message-ttl": _ms(delay),
@@ -150,6 +207,9 @@ class QueueDeclarer:
                     "queue %s exists with arguments %s; consumer-kit would declare %s",
                     name, helper.arguments, args,
                 )
+            drops = dead_letter_queue_drops(helper.arguments, self.queue_type, version)
+            if first_time and name == names.dlq and not helper.passive and drops:
+                logger.warning("dead-letter queue %s would drop dead letters: %s", name, drops)
         wanted = self.work_queue_arguments(names)
         declared = await declare_queue_tolerant(connection, names.queue, wanted)
         if first_time:

@@ -269,6 +269,14 @@ class SQSConsumer(Consumer):
                 "may dead-letter a message before consumer-kit does (FIFO retries count receives)",
                 info.name, info.redrive.max_receive_count, self._minimum_receives,
             )
+        if info.fifo and not self.heartbeat.enabled:
+            logger.warning(
+                "heartbeat=off on FIFO queue %s: a retry is given back to SQS with the rest of its "
+                "message group, and every give-back counts a receive of each message in hand towards "
+                "maxReceiveCount: SQS may dead-letter healthy messages behind a failing one, "
+                "without a reason (consumer-kit holds FIFO retries only with the heartbeat on)",
+                info.name,
+            )
         timeout = self._handler_timeout
         if timeout is not None and timeout >= MAX_VISIBILITY_SECONDS:
             logger.warning(

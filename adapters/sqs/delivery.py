@@ -6,7 +6,8 @@ settlement     on SQS
 ack            ``DeleteMessage`` (batched: :mod:`consumer_kit.adapters.sqs.settlement`)
 retry(delay)   standard queue: a copy with ``DelaySeconds`` = ``ceil(delay)`` and
                ``x-consumer-kit-deliveries = delivery_count``, then the original is deleted.
-               FIFO queue, a delay above 900 s, or a copy that does not fit:
+               FIFO queue with the heartbeat on: *held* (below), no call.
+               FIFO queue otherwise, a delay above 900 s, or a copy that does not fit:
                ``ChangeMessageVisibility(ceil(delay))`` (remembered: :mod:`consumer_kit.adapters.sqs.redelivery`)
 release        standard queue: a copy with ``x-consumer-kit-deliveries = delivery_count - 1``
                (uncounted) and ``x-consumer-kit-redelivered`` for a suspect, then the original is
@@ -24,6 +25,18 @@ and a dead letter gives the message back (visibility 0, ``lost``) for the queue'
 to move after ``maxReceiveCount`` receives (logged at ERROR: without a redrive policy it keeps
 coming back).
 
+**Held retries (FIFO).** SQS counts every receive towards the redrive policy's
+``maxReceiveCount``, and a FIFO retry given back to SQS gives back the rest of its message group
+too (it must not run first): each attempt of a failing head would then cost every follower in
+hand a receive, and SQS would move healthy followers to the DLQ, without a reason and never run
+(issue 24). So on a FIFO queue with the heartbeat on, a retry keeps the message: the delivery's
+:attr:`successor` (same receipt handle and lock, ``delivery_count + 1``, not redelivered) stays
+held and extended, and the group's lane (:mod:`consumer_kit.adapters.sqs.fifo`) runs it after the
+delay, its followers still waiting, held, behind it. Every message is received once; attempts are
+counted by the ledger, not by SQS. A retry whose delay plus one visibility timeout does not fit
+in what is left of the 12 hours is given back as before. If the process dies meanwhile, the lock
+lapses and the message comes back redelivered (a crash, as it is).
+
 **The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
 the visibility timeout, moved by each extension (:mod:`consumer_kit.adapters.sqs.renewal`). Past that
 (less a margin of 10 % of the timeout, at most 1 s) nothing is settled any more: SQS may have
@@ -40,6 +53,8 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery, Settlement, sender_across_copies
@@ -106,12 +121,14 @@ class SQSDelivery(Delivery):
         settle_timeout: float,
         renew: Callable[[SQSDelivery], Awaitable[bool]],
         on_settled: Callable[[SQSDelivery], None],
+        hold_retries: bool = False,
+        judged: tuple[int, bool] | None = None,
     ) -> None:
         system = raw.get("Attributes", {})
         reading = own_headers.read(headers_of(raw.get("MessageAttributes")), str(raw.get("Body", "")).encode("utf-8"))
         self.sqs_message_id = str(raw["MessageId"])
         self.receive_count = int(system.get("ApproximateReceiveCount", 1))  # SQS's own, not the producer's
-        delivery_count, redelivered = GIVE_BACKS.judge(
+        delivery_count, redelivered = judged or GIVE_BACKS.judge(
             info.url, self.sqs_message_id,
             receive_count=self.receive_count,
             earlier=reading.deliveries_before,
@@ -144,6 +161,10 @@ class SQSDelivery(Delivery):
         self._settler = settler
         self._renew = renew
         self._on_settled = on_settled
+        self._raw = raw
+        self._hold_retries = hold_retries
+        self.retry_delay = 0.0
+        self.successor: SQSDelivery | None = None
 
     # -- the lock ----------------------------------------------------------------------------
 
@@ -186,6 +207,12 @@ class SQSDelivery(Delivery):
     async def _retry(self, delay: float) -> None:
         self._ensure_lock()
         seconds = math.ceil(delay)
+        if self._hold_retries and seconds + self.visibility < self.seconds_left_of_12_hours():
+            # FIFO: the retry stays in this process (module docstring, "Held retries"); nothing
+            # is sent, the successor takes over the lock and the lane runs it after the delay.
+            self.retry_delay = delay
+            self.successor = self._again()
+            return
         if not self._info.fifo and seconds <= MAX_DELAY_SECONDS:
             headers = copy_headers(self.headers_for_copies)
             headers[DELIVERIES_ATTRIBUTE] = self.delivery_count
@@ -234,6 +261,20 @@ class SQSDelivery(Delivery):
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _again(self) -> SQSDelivery:
+        """The next delivery of this very receive (a held retry): the same receipt handles and
+        lock, one delivery more, not redelivered."""
+        successor = SQSDelivery(
+            self._raw, queue=self.queue, info=self._info, dead_letters=self._dead_letters,
+            settler=self._settler, requested_at=self.requested_at, visibility=self.visibility,
+            settle_timeout=self.settle_timeout, renew=self._renew, on_settled=self._on_settled,
+            hold_retries=self._hold_retries, judged=(self.delivery_count + 1, False),
+        )
+        successor.receipt_handles = list(self.receipt_handles)
+        successor.visible_until = self.visible_until
+        successor.lock_lost = self.lock_lost
+        return successor
+
     async def _give_back(self, seconds: int, *, uncounted: bool) -> None:
         """``ChangeMessageVisibility`` to ``seconds`` (at most what is left of the 12 hours),
         remembered so that the next receive is not taken for a redelivery."""
@@ -246,9 +287,14 @@ class SQSDelivery(Delivery):
         )
         try:
             await self._settler.change_visibility(self, seconds)
-        except BaseException:
+        except (ClientError, LockLost):
+            # SQS answered with a refusal: the change was not applied.
             GIVE_BACKS.forget(self.queue_url, self.sqs_message_id, earlier)
             raise
+        # Anything else (the settle timeout, a lost reply, cancellation) leaves the outcome
+        # unknown: SQS may have applied the change, so the give-back stays remembered. Forgetting
+        # it made the next receive a "redelivery" on a loaded machine (issue 24); if the change
+        # was not applied, the lock lapses and the receive it brings is still our own give-back.
 
     async def _copy_then_delete(
         self, target: QueueInfo, headers: dict[str, Any], delay: int, why: str,

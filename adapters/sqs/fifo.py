@@ -6,9 +6,14 @@ group gets a *lane*: a task that runs the group's deliveries one after the other
 messages of a group are ever in flight in this worker at once, while other groups' lanes run
 concurrently.
 
-A delivery that does not end in ``ack`` or ``dead_letter`` (retried, released, its settlement
-lost) must come back before anything after it: the lane gives the rest of its deliveries back
-(uncounted) instead of running them, and SQS hands the group out again from that message on.
+A retry *held* in this process (:mod:`consumer_kit.adapters.sqs.delivery`, "Held retries": FIFO with
+the heartbeat on) runs again first: the lane waits the retry's delay, then runs the delivery's
+successor, its followers still held behind it, so no receive is spent on anyone.
+
+Any other delivery that does not end in ``ack`` or ``dead_letter`` (given back to SQS, released,
+its settlement lost) must come back before anything after it: the lane gives the rest of its
+deliveries back (uncounted) instead of running them, and SQS hands the group out again from that
+message on.
 """
 
 from __future__ import annotations
@@ -70,6 +75,11 @@ class GroupLanes:
             while lane:
                 delivery = lane.popleft()
                 await self._run(delivery)
+                successor = delivery.successor
+                if successor is not None and not delivery.lost and successor.settlement is None:
+                    await asyncio.sleep(delivery.retry_delay)  # cancelled by close(): it gives back
+                    lane.appendleft(successor)
+                    continue
                 if delivery.settlement not in _DONE or delivery.lost:
                     behind = list(lane)
                     lane.clear()

@@ -6,6 +6,15 @@ Each poll asks for ``min(10, prefetch - held)`` messages (none while ``prefetch`
 ``MessageGroupId``. A poll that fails (SQS unreachable, throttled) is logged once per outage and
 retried with backoff (0.1 s doubling to 5 s); the consumer is not ready meanwhile.
 
+**ReceiveRequestAttemptId (FIFO).** A receive whose reply is lost has still made its messages
+invisible; retried without an attempt id, they stay hidden for the whole visibility timeout and
+block their message groups. AWS's ReceiveMessage reference: a retry with the same
+``ReceiveRequestAttemptId`` (within 5 minutes, nothing of it modified) returns the same messages
+and receipt handles. So each receive on a FIFO queue carries one (a UUID, 36 of the 128
+characters allowed): botocore's own retries resend the same request, and a poll that failed is
+sent again, same parameters, same id, by this loop; only a receive that succeeded (or an id
+older than :data:`ATTEMPT_ID_SECONDS`) makes the next poll take a new one.
+
 **The same message twice.** Standard queues deliver at least once: one reply, or two polls, may
 carry the same ``MessageId`` again. Received while an earlier delivery of it is held *and that
 delivery's lock is still ours*, it is a broker duplicate: its receipt handle joins the held
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -49,6 +59,9 @@ from .topology import QueueInfo
 logger = logging.getLogger(__name__)
 
 SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "SenderId"]
+
+ATTEMPT_ID_SECONDS = 240.0
+"""A failed FIFO receive is retried with its attempt id for this long: SQS keeps one 5 minutes."""
 
 
 class Subscription:
@@ -106,6 +119,27 @@ class Subscription:
         self.failing = False
         self._stopping = False
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._unanswered: tuple[float, dict[str, Any]] | None = None  # a failed FIFO receive
+
+    def _receive_params(self, room: int) -> dict[str, Any]:
+        """The next ReceiveMessage's parameters: a failed FIFO receive again (same attempt id),
+        else a new request (module docstring)."""
+        if self._unanswered is not None:
+            first_sent, params = self._unanswered
+            if time.monotonic() - first_sent < ATTEMPT_ID_SECONDS:
+                return params
+        params = {
+            "QueueUrl": self.info.url,
+            "MaxNumberOfMessages": min(10, room),
+            "WaitTimeSeconds": self._wait_seconds,
+            "VisibilityTimeout": self.visibility,
+            "MessageAttributeNames": ["All"],
+            "MessageSystemAttributeNames": SYSTEM_ATTRIBUTES,
+        }
+        if self.info.fifo:
+            params["ReceiveRequestAttemptId"] = str(uuid.uuid4())
+        self._unanswered = None
+        return params
 
     def stop(self) -> None:
         """Poll no more (the poll in flight finishes; what it brings is given back)."""
@@ -123,16 +157,12 @@ class Subscription:
                 await self._room.wait()
                 continue
             requested_at = time.monotonic()
+            params = self._receive_params(room)
             try:
-                reply = await self._client.poll(
-                    QueueUrl=self.info.url,
-                    MaxNumberOfMessages=min(10, room),
-                    WaitTimeSeconds=self._wait_seconds,
-                    VisibilityTimeout=self.visibility,
-                    MessageAttributeNames=["All"],
-                    MessageSystemAttributeNames=SYSTEM_ATTRIBUTES,
-                )
+                reply = await self._client.poll(**params)
             except Exception as exc:  # noqa: BLE001 - an outage: back off and poll again
+                if self.info.fifo and self._unanswered is None:
+                    self._unanswered = (requested_at, params)  # its messages may be in flight
                 failures += 1
                 if not self.failing:
                     logger.warning("receive from queue=%s failed (%s); retrying", self.queue, describe(exc))
@@ -142,6 +172,7 @@ class Subscription:
             if self.failing:
                 logger.info("receive from queue=%s works again", self.queue)
             self.failing, failures = False, 0
+            self._unanswered = None
             for raw in reply.get("Messages", []):
                 self.accept(raw, requested_at)
 
@@ -167,6 +198,7 @@ class Subscription:
                 queue=self.queue, info=self.info, dead_letters=self.dead_letters, settler=self._settler,
                 requested_at=requested_at, visibility=self.visibility, settle_timeout=self._settle_timeout,
                 renew=self._heartbeat.renew, on_settled=self._settled,
+                hold_retries=self.info.fifo and self._heartbeat.enabled,
             ),
             unbuildable=lambda detail: self._spawn(self._dead_letter_raw(raw, detail)),
             what=f"queue={self.queue} sqs_message_id={sqs_message_id}",
@@ -222,7 +254,12 @@ class Subscription:
 
     def _settled(self, delivery: SQSDelivery) -> None:
         self._heartbeat.drop(delivery)
+        successor = delivery.successor if delivery.settlement is not None and not delivery.lost else None
         if self.held.get(delivery.sqs_message_id) is delivery:
+            if successor is not None:  # a held retry (FIFO): it keeps the slot and the lock
+                self.held[delivery.sqs_message_id] = successor
+                self._heartbeat.hold(successor)
+                return
             del self.held[delivery.sqs_message_id]
         self._room.set()
 

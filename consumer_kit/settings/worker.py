@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from consumer_kit.listen_address import check_host, listen_host
@@ -111,6 +111,15 @@ class WorkerSettings(BrokerSettings):
         " completion, COMMIT, attempt bookkeeping) and for a pooled connection; past it the"
         " database counts as unavailable and the connection is discarded.",
     )
+    idle_in_transaction_timeout: float | None = seconds(
+        None, minimum=1, maximum=86_400, example=70,
+        description="PostgreSQL's idle_in_transaction_session_timeout on consumer-kit's own"
+        " sessions: a process frozen (SIGSTOP, a paused VM) inside a delivery's transaction loses"
+        " its session after this long, so its claim's row lock is freed and another worker runs the"
+        " operation; the frozen one's transaction is rolled back. Default: handler_timeout +"
+        " statement_timeout, the longest a handler may wait inside its transaction; never below"
+        " handler_timeout.",
+    )
     probe_backoff_max: float = seconds(
         15.0, minimum=0.5, maximum=3600, example=15,
         description="Longest pause between probes of an unavailable database while paused"
@@ -187,6 +196,23 @@ class WorkerSettings(BrokerSettings):
     def effective_prefetch(self) -> int:
         """Deliveries each queue hands out ahead: ``prefetch``, else ``concurrency``."""
         return self.prefetch or self.concurrency
+
+    @property
+    def effective_idle_in_transaction_timeout(self) -> float:
+        """Seconds a session of consumer-kit's may sit idle inside a transaction
+        (``idle_in_transaction_timeout``, else ``handler_timeout + statement_timeout``)."""
+        return self.idle_in_transaction_timeout or self.handler_timeout + self.statement_timeout
+
+    @model_validator(mode="after")
+    def _idle_bound_covers_the_handler(self) -> WorkerSettings:
+        bound = self.idle_in_transaction_timeout
+        if bound is not None and bound < self.handler_timeout:
+            raise ValueError(
+                f"idle_in_transaction_timeout ({bound:g} s) must not be below handler_timeout "
+                f"({self.handler_timeout:g} s): a handler waiting inside its transaction would lose "
+                "its session mid-run"
+            )
+        return self
 
 
 Settings = WorkerSettings
