@@ -30,6 +30,8 @@ from consumer_kit import App, Context, DeliveryReport, Handler, Outcome, Setting
 from consumer_kit.adapters.servicebus import ServiceBusConsumer, ServiceBusPublisher
 from consumer_kit.outbox_relay import Relay
 from consumer_kit.outbox_relay.settings import RelaySettings
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
@@ -250,6 +252,37 @@ async def test_one_customers_commands_run_in_order_in_their_session_with_concurr
     assert {r.outcome for r in reports} == {Outcome.EXECUTED}
     assert recorder.seen == {c: [o * 10 + int(c[-1]) for o in range(1, 6)] for c in ("c-1", "c-2", "c-3")}
     assert len(await world.rows("SELECT invoice_id FROM invoices")) == len(commands)
+
+
+async def test_a_session_message_that_kills_its_worker_is_parked_though_azure_never_counts_it(world: World) -> None:
+    """Service Bus returns a session message left unsettled by a closed session *uncounted*
+    (Microsoft's *Message sessions* page: "the messages within the session aren't completed ...
+    and the session is closed: No"), so a poison message that kills its worker every time would
+    never reach ``MaxDeliveryCount`` nor look redelivered. The hold mark in the session state makes
+    each later delivery a suspect: it runs alone, the ledger's run-alone marker counts each death,
+    and at ``crash_limit`` it is parked as ``crashed_worker``, its delivery count still 0."""
+    queue = world.sb.create_queue(lock_duration=30, requires_session=True, max_delivery_count=50)
+    crashpoints.arm(CrashPoint.IN_HANDLER, times=-1)  # the handler kills the process every time
+    try:
+        await world.send(command(), session_id="c-1")
+        for _ in range(8):  # a bound on restarts: parking needs crash_limit + 1 deaths
+            # a new process after each death (a new worker id: the dead one's run-alone marker
+            # is foreign to it and is waited out, then counted)
+            async with world.worker(sessions=True, crash_limit=2, alone_marker_ttl=1.0, prefetch=1):
+                while not queue.dead_letters:
+                    report = await asyncio.wait_for(world.reports.get(), 30)
+                    if report.outcome is Outcome.CRASHED:
+                        break
+            if queue.dead_letters:
+                break
+        await eventually(lambda: len(queue.dead_letters) == 1, within=10, what="the poison to be parked")
+    finally:
+        crashpoints.disarm_all()
+    (parked,) = queue.dead_letters
+    assert parked.dead_letter_reason == "crashed_worker"
+    assert parked.delivery_count < 50  # consumer-kit parked it, not Service Bus's MaxDeliveryCount
+    assert await world.rows("SELECT crashes FROM attempts") == [(2,)]
+    assert await world.rows("SELECT count(*) FROM invoices") == [(0,)]
 
 
 async def test_shutdown_gives_running_and_waiting_deliveries_back_at_once(world: World) -> None:

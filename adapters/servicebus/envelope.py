@@ -124,12 +124,13 @@ def _reading(headers: Mapping[str, Any] | OwnHeaders) -> OwnHeaders:
 
 def copy_of(
     message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes, *,
-    deliveries_before: int, message_id: str | None, suspect: bool,
+    deliveries_before: int, message_id: str | None, suspect: bool, time_to_live: dt.timedelta | None = None,
 ) -> ServiceBusMessage:
     """A copy of ``message`` to send back in its place (a delayed retry, a release): same body and
     properties, a new message id (duplicate detection must not drop it as a repeat of the
-    original), ``deliveries_before`` and the original id in consumer-kit's properties, and the
-    suspect mark only when ``suspect``."""
+    original), ``deliveries_before`` and the original id in consumer-kit's properties, the
+    suspect mark only when ``suspect``, and ``time_to_live`` when given (what is left of the
+    original's, so that a copy never outlives it; else the original's own)."""
     properties: dict[str | bytes, Any] = {k: v for k, v in headers.items() if k != REDELIVERED_PROPERTY}
     properties[DELIVERIES_PROPERTY] = deliveries_before
     if message_id is not None:
@@ -137,7 +138,7 @@ def copy_of(
     if suspect:
         properties[REDELIVERED_PROPERTY] = 1
     own.seal(properties, body)  # consumer-kit's marks on every copy, signed
-    return _resent(message, body, properties, message_id=str(uuid.uuid4()))
+    return _resent(message, body, properties, message_id=str(uuid.uuid4()), time_to_live=time_to_live)
 
 
 def redrive_copy_of(
@@ -175,7 +176,7 @@ def as_sent(message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body
 
 def _resent(
     message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None,
-    session_id: str | None = None,
+    session_id: str | None = None, time_to_live: dt.timedelta | None = None,
 ) -> ServiceBusMessage:
     # The SDK refuses a partition key that differs from the session id.
     partition_key = message.partition_key if session_id is None or message.partition_key == session_id else None
@@ -191,7 +192,7 @@ def _resent(
         to=message.to,
         reply_to=message.reply_to,
         reply_to_session_id=message.reply_to_session_id,
-        time_to_live=message.time_to_live,
+        time_to_live=message.time_to_live if time_to_live is None else time_to_live,
     )
 
 

@@ -195,6 +195,13 @@ class ServiceBusTestServer:
     def create_subscription(self, topic: str, name: str, **options: Any) -> Queue:
         return self.namespace.create_subscription(topic, name, EntityOptions(**options))
 
+    def skew_clock(self, seconds: float) -> None:
+        """Run the broker's clock ``seconds`` ahead of the host's (negative: behind), as a worker
+        whose clock is off Service Bus's sees it: every ``locked_until`` and enqueued time it hands
+        out, and every expiry it applies, follow the skewed clock. 0 restores it."""
+        with self.namespace.lock:
+            self.namespace.clock_skew = seconds
+
     def entity(self, path: str) -> Queue | Topic:
         """The entity at ``path`` (``q``, ``q/$DeadLetterQueue``, ``t/Subscriptions/s``) for inspection."""
         return self.namespace.entity(path)
