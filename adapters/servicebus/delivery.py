@@ -70,7 +70,7 @@ from .envelope import (
 )
 from .errors import LOCK_LOST, describe, is_refusal
 from .limits import TooLarge
-from .lock_clock import LockExpiry
+from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
 from .route import Route
 
@@ -133,6 +133,7 @@ class ServiceBusDelivery(Delivery):
             settle_timeout=settle_timeout,
         )
         self.sequence_number = message.sequence_number or 0
+        self._message = message
         route.durations.observe(entity, message.locked_until_utc, message.enqueued_time_utc)
         self._expiry = LockExpiry(
             time.monotonic() if requested is None else requested, route.durations.of(entity), message.locked_until_utc
@@ -142,8 +143,10 @@ class ServiceBusDelivery(Delivery):
             session_until = route.session.broker_locked_until()
             if session_until is not None and session_until > message.enqueued_time_utc:
                 route.session.expiry.refine((session_until - message.enqueued_time_utc).total_seconds())
+                route.session.align_sdk()
+        else:
+            self._align_sdk()
         self.released = asyncio.Event()
-        self._message = message
         self._route = route
         self._broker_count = broker_count
         self._lock_lost = False
@@ -167,6 +170,10 @@ class ServiceBusDelivery(Delivery):
         session = self._route.session
         return session.seconds_left() if session is not None else self._expiry.seconds_left()
 
+    def _align_sdk(self) -> None:
+        """The SDK's copy of the message lock expiry, on the host's clock (see ``lock_clock``)."""
+        align_sdk(self._message, "_expiry", self._expiry.seconds_left())
+
     def local_time_of(self, broker_time: dt.datetime) -> float | None:
         """A broker timestamp of this message (e.g. ``expires_at_utc``) on the monotonic clock."""
         session = self._route.session
@@ -184,6 +191,7 @@ class ServiceBusDelivery(Delivery):
                 sent = time.monotonic()
                 until = await self._route.receiver.renew_message_lock(self._message)
                 self._expiry.renewed(until, sent=sent, answered=time.monotonic())
+                self._align_sdk()
         except LOCK_LOST:
             if not self.released.is_set():  # settled while the renewal was on its way: not a loss
                 self._lost_lock()

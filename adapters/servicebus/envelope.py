@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -89,9 +90,28 @@ def fit_dead_letter(reason: str, description: str, room: int | None) -> tuple[st
 def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
     """The application properties as ``{str: value}``: names decoded as UTF-8 (bad bytes
     replaced), ``bytes`` values decoded as UTF-8 text where they are UTF-8 (else kept as
-    ``bytes``, for :func:`consumer_kit.headers.read` to judge)."""
+    ``bytes``, for :func:`consumer_kit.headers.read` to judge).
+
+    Trace context: producers on older Azure SDKs send only ``Diagnostic-Id`` (W3C traceparent
+    format), no ``traceparent``. As azure-servicebus reads it (``_common/tracing.py``:
+    ``traceparent``, else ``Diagnostic-Id``), a well-formed ``Diagnostic-Id`` stands in for a
+    missing ``traceparent``; any other form (the old hierarchical ``Request-Id`` ``|a.b.``) is
+    ignored."""
     properties = message.application_properties or {}
-    return {_name(name): _value(value) for name, value in properties.items()}
+    headers = {_name(name): _value(value) for name, value in properties.items()}
+    names = {name.lower(): name for name in headers if isinstance(name, str)}
+    if "traceparent" not in names and DIAGNOSTIC_ID_PROPERTY.lower() in names:
+        diagnostic = headers[names[DIAGNOSTIC_ID_PROPERTY.lower()]]
+        if isinstance(diagnostic, str) and _TRACEPARENT.fullmatch(diagnostic.strip()):
+            headers["traceparent"] = diagnostic.strip()
+    return headers
+
+
+DIAGNOSTIC_ID_PROPERTY = "Diagnostic-Id"
+"""The trace property older Azure SDKs send instead of ``traceparent`` (same W3C format)."""
+
+# W3C Trace Context "traceparent": version-traceid-parentid-flags, lower-case hex, not all zero
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def body_of(message: ServiceBusReceivedMessage) -> bytes:

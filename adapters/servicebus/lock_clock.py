@@ -20,6 +20,14 @@ enqueued, so each is an upper bound, and exact for a message received as soon as
 Without the setting, a first message that waited long in a backlog gives a loose bound until a
 fresher one arrives: set ``lock_duration`` where backlogs are the rule.
 
+**The SDK's own checks.** azure-servicebus 7.15 refuses, without asking the broker, to settle a
+message whose ``locked_until_utc`` is past on the host's clock (``MessageLockLostError``,
+``_servicebus_receiver_async.py`` "hot fix for settling a message received ... after lock
+expiration"), and any operation of a session receiver whose session ``locked_until_utc`` is past
+(``SessionLockLostError`` from ``_check_live``). With the worker ahead of the broker, every lock
+would look lost there. :func:`align_sdk` rewrites the SDK's copy of the expiry on the host's clock
+from the monotonic estimate (plus :data:`SDK_MARGIN`: the broker stays the judge of a lost lock).
+
 Broker times that matter later (a message's ``expires_at_utc``) are mapped the same way:
 local expiry of the lock + (broker time - ``locked_until``).
 """
@@ -29,6 +37,21 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+
+SDK_MARGIN = 5.0  # seconds the SDK's copy of an expiry is set beyond the estimate (the broker decides)
+
+
+def host_clock_expiry(seconds_left: float) -> dt.datetime:
+    """An expiry ``seconds_left`` (monotonic estimate) from now on the host's clock, plus the margin."""
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=max(0.0, seconds_left) + SDK_MARGIN)
+
+
+def align_sdk(holder: object, attribute: str, seconds_left: float) -> None:
+    """Set the SDK's private expiry ``attribute`` of ``holder`` (a received message's ``_expiry``,
+    a session's ``_locked_until_utc``) on the host's clock (module docstring); a no-op when an
+    SDK version has no such attribute."""
+    if hasattr(holder, attribute):
+        setattr(holder, attribute, host_clock_expiry(seconds_left))
 
 
 class LockDurations:

@@ -13,7 +13,7 @@ from azure.servicebus.aio import ServiceBusReceiver
 from .copies import Copies
 from .counters import ConsumerCounters
 from .errors import LOCK_LOST, describe
-from .lock_clock import LockDurations, LockExpiry
+from .lock_clock import LockDurations, LockExpiry, align_sdk
 from .redelivery import GiveBacks
 from .renewal import Renewal
 from .topology import Entity
@@ -43,9 +43,9 @@ class SessionLock:
     ) -> None:
         self._receiver = receiver
         # requested: time.monotonic() when the accept was asked for; duration: the lock duration known
-        self.expiry = LockExpiry(
-            time.monotonic() if requested is None else requested, duration, receiver.session.locked_until_utc
-        )
+        self._broker_until = receiver.session.locked_until_utc  # the broker's, before align_sdk
+        self.expiry = LockExpiry(time.monotonic() if requested is None else requested, duration, self._broker_until)
+        self.align_sdk()
         self.management = asyncio.Lock()
         self._timeout = timeout
         self._counters = counters
@@ -57,7 +57,12 @@ class SessionLock:
         return self.expiry.seconds_left()
 
     def broker_locked_until(self) -> dt.datetime | None:
-        return self._receiver.session.locked_until_utc
+        """The session's ``locked_until`` as the broker last stated it (its clock)."""
+        return self._broker_until
+
+    def align_sdk(self) -> None:
+        """The SDK's copy of the session expiry, on the host's clock (see ``lock_clock``)."""
+        align_sdk(self._receiver.session, "_locked_until_utc", self.expiry.seconds_left())
 
     async def renew(self) -> Renewal:
         """Renew the session lock once (bounded by ``timeout``); never raises."""
@@ -68,6 +73,8 @@ class SessionLock:
                 sent = time.monotonic()
                 until = await self._receiver.session.renew_lock()
                 self.expiry.renewed(until, sent=sent, answered=time.monotonic())
+                self._broker_until = until
+                self.align_sdk()
         except LOCK_LOST:
             self.mark_lost()
             return Renewal.LOST

@@ -160,8 +160,9 @@ class _SessionSlot:
     async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock, hold: Hold) -> None:
         """Hand the session's messages out one at a time, the first a suspect when ``hold`` says so."""
         suspect = hold.suspect  # only the session's first delivery: the one a dead holder had
-        if self._context.renew_locks:
-            self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
+        # Renewal starts with the first message, which tells how long the session lock is
+        # (lock_clock.py); the first receive waits receive_wait, far less than any lock.
+        renewing = not self._context.renew_locks
         route = Route(
             self.entity, receiver, self._context.give_backs, self._context.counters, session=lock,
             durations=self._context.durations,
@@ -192,6 +193,9 @@ class _SessionSlot:
                 what=f"queue={self.entity.path} session={lock.session_id} sequence_number={message.sequence_number}",
             )
             suspect = False
+            if not renewing:
+                renewing = True
+                self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
             if delivery is None:  # in order: dead-letter it before the session's next message
                 await dead_letter_raw(route, message, why[0], self._context.settle_timeout)
                 continue
