@@ -10,6 +10,10 @@ retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_mes
                ``complete_message`` the original. A session queue or a subscription (which cannot
                take a copy in order, or at all): the lock is *held*, renewed, for ``delay``
                seconds, then ``abandon_message``
+(TTL)          a retry whose delay would outlast the message's time to live (``expires_at_utc``,
+               mapped to the monotonic clock) is dead-lettered at once, reason
+               ``expires_before_retry``; a retry or release copy carries only what is left of the
+               original's TTL (never extending its life)
 dead_letter    ``dead_letter_message(reason=..., error_description=...)`` (cut to 1024 and 4096
                characters): the message moves to ``<entity>/$DeadLetterQueue`` with them. They
                count toward the message's size: on a queue the description is cut to the room
