@@ -30,6 +30,8 @@ from consumer_kit import App, Context, DeliveryReport, Handler, Outcome, Setting
 from consumer_kit.adapters.servicebus import ServiceBusConsumer, ServiceBusPublisher
 from consumer_kit.outbox_relay import Relay
 from consumer_kit.outbox_relay.settings import RelaySettings
+from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
@@ -250,6 +252,35 @@ async def test_one_customers_commands_run_in_order_in_their_session_with_concurr
     assert {r.outcome for r in reports} == {Outcome.EXECUTED}
     assert recorder.seen == {c: [o * 10 + int(c[-1]) for o in range(1, 6)] for c in ("c-1", "c-2", "c-3")}
     assert len(await world.rows("SELECT invoice_id FROM invoices")) == len(commands)
+
+
+async def test_a_session_message_that_killed_its_worker_runs_alone_though_azure_never_counts_it(
+    world: World,
+) -> None:
+    """Service Bus returns a session message left unsettled by a closed session *uncounted*
+    (Microsoft's *Message sessions* page: "the messages within the session aren't completed ...
+    and the session is closed: No"), so a message that killed its worker comes back looking fresh
+    and would never run alone, never count a crash, never reach ``crash_limit``. The hold mark in
+    the session state makes it a suspect: it runs alone under the ledger's run-alone marker (which
+    counts a death and parks at ``crash_limit``, ``consumer_kit.pipeline.isolation``)."""
+    queue = world.sb.create_queue(lock_duration=30, requires_session=True, max_delivery_count=50)
+    crashpoints.arm(CrashPoint.IN_HANDLER, times=-1)  # the handler kills its process
+    try:
+        await world.send(command(), session_id="c-1")
+        async with world.worker(sessions=True, prefetch=1):  # (a crash is logged, not reported)
+            consumer = world.consumers[-1]
+            # redelivered: already a suspect, though Azure did not count it
+            await eventually(lambda: consumer.counters["suspects"] >= 1, within=20, what="a suspect")
+            assert [m.delivery_count for m in queue.messages] == [0]  # never counted by the broker
+            crashpoints.disarm_all()
+            [again] = await world.next_reports(1)
+    finally:
+        crashpoints.disarm_all()
+    assert (again.outcome, again.redelivered, again.delivery_count) == (Outcome.EXECUTED, True, 1)
+    [(history,)] = await world.rows("SELECT history FROM attempts")
+    assert "run_alone" in [entry["kind"] for entry in history]  # it ran alone, under the marker
+    await world.assert_one_effect()
+    assert queue.messages == [] and queue.dead_letters == []
 
 
 async def test_shutdown_gives_running_and_waiting_deliveries_back_at_once(world: World) -> None:

@@ -571,6 +571,90 @@ async def test_server_side_session_lock_loss_detaches_the_receiver(
             await receiver.complete_message(message)
 
 
+@bounded(20)
+async def test_a_session_closed_with_messages_unsettled_returns_them_uncounted(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """Microsoft's *Message sessions* page, "delivery count per message in the context of sessions":
+    messages not completed when the session is closed: not counted (a session lock that expires:
+    counted, ``test_session_lock_expiry_raises_session_lock_lost``). The same for a dropped link."""
+    queue = server.create_queue("orders", requires_session=True, lock_duration=30)
+    await send(client, "orders", ServiceBusMessage("x", session_id="s1"))
+    for _ in range(3):
+        async with open_receiver(client, "orders", session_id="s1") as receiver:
+            message = await receive_one(receiver)
+            assert message.delivery_count == 0
+        await eventually(lambda: queue.session_holder("s1") is None, within=5, what="the session to be released")
+    assert [(m.locked, m.delivery_count) for m in queue.messages] == [(False, 0)]
+
+
+# -- 7b. time to live -------------------------------------------------------------------------------
+
+
+@bounded(20)
+async def test_an_expired_message_is_never_delivered_and_is_dropped_or_dead_lettered(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """Microsoft's *Message expiration (Time to Live)*: past ExpiresAtUtc (enqueued time + TTL,
+    the entity's default being both the default and the ceiling) a message is not retrievable;
+    with dead-lettering on expiration it moves to the dead-letter queue with ``TTLExpiredException``."""
+    dropping = server.create_queue("dropping", default_message_time_to_live=1.0)
+    keeping = server.create_queue("keeping", dead_lettering_on_message_expiration=True)
+    await send(client, "dropping", ServiceBusMessage("a", time_to_live=datetime.timedelta(seconds=30)))
+    await send(client, "keeping", ServiceBusMessage("b", time_to_live=datetime.timedelta(seconds=1)),
+               ServiceBusMessage("c"))
+    await eventually(lambda: dropping.messages == [] and len(keeping.messages) == 1, within=5, what="expiry")
+    assert [(m.body, m.dead_letter_reason) for m in keeping.dead_letters] == [(b"b", "TTLExpiredException")]
+    async with open_receiver(client, "keeping") as receiver:
+        message = await receive_one(receiver)
+        assert b"".join(message.body) == b"c" and message.time_to_live is None
+        await receiver.complete_message(message)
+
+
+@bounded(20)
+async def test_a_locked_message_expires_the_moment_it_is_abandoned(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """*Message expiration*: expiry does not affect a locked message; "if the lock expires or the
+    message is abandoned, the expiration takes immediate effect"."""
+    queue = server.create_queue("orders", dead_lettering_on_message_expiration=True)
+    await send(client, "orders", ServiceBusMessage("x", time_to_live=datetime.timedelta(seconds=1)))
+    async with open_receiver(client, "orders") as receiver:
+        message = await receive_one(receiver)
+        assert message.time_to_live == datetime.timedelta(seconds=1)
+        expires = message.expires_at_utc
+        assert expires is not None
+        await eventually(lambda: datetime.datetime.now(datetime.UTC) > expires + datetime.timedelta(seconds=0.2),
+                         within=5, what="the message's expiry to pass")
+        assert queue.locked_count == 1 and queue.dead_letters == []  # still ours while locked
+        await receiver.abandon_message(message)
+    await eventually(lambda: len(queue.dead_letters) == 1, within=2, what="the expiry to apply")
+    assert queue.messages == [] and queue.dead_letters[0].dead_letter_reason == "TTLExpiredException"
+
+
+@bounded(20)
+async def test_a_skewed_broker_clock_shows_in_every_time_it_hands_out(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    server.create_queue("orders", lock_duration=10)
+    server.skew_clock(-20.0)  # the broker 20 s behind the host
+    try:
+        await send(client, "orders", ServiceBusMessage("x"))
+        async with open_receiver(client, "orders") as receiver:
+            message = await receive_one(receiver)
+            assert message.locked_until_utc is not None and message.enqueued_time_utc is not None
+            now = datetime.datetime.now(datetime.UTC)
+            assert -25 < (message.locked_until_utc - now).total_seconds() < -5
+            # both broker times: their difference is the lock duration plus the wait, never less
+            assert (message.locked_until_utc - message.enqueued_time_utc).total_seconds() >= 10 - 0.001
+            # The SDK itself refuses to settle a message whose locked_until is past on the host's
+            # clock, without asking the broker (the adapter corrects its copy: lock_clock.py)
+            with pytest.raises(MessageLockLostError):
+                await receiver.complete_message(message)
+    finally:
+        server.skew_clock(0.0)
+
+
 # -- 8. batches, duplicate detection, size --------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from .connection import Connection
 from .counters import ConsumerCounters
 from .delivery import ServiceBusDelivery
 from .errors import describe
+from .lock_clock import LockDurations
 from .redelivery import DEFAULT_CAPACITY, GiveBacks
 from .renewal import LockKeeper
 from .sessions import SessionPumps
@@ -42,6 +43,10 @@ class ServiceBusConsumer(Consumer):
             (:mod:`consumer_kit.adapters.servicebus.redelivery`).
         renew_locks: renew every held lock (the default). ``False`` only for tests that need a lock
             to lapse under a running handler.
+        lock_duration: seconds, the subscribed entities' LockDuration (Service Bus: 5 s to 5 min),
+            when known. Locks are timed on the worker's monotonic clock from the duration granted
+            (:mod:`consumer_kit.adapters.servicebus.lock_clock`); without it the duration is learned
+            from the messages themselves, which a first message out of a long backlog can overstate.
 
     Raises:
         ValueError: on invalid arguments.
@@ -61,6 +66,7 @@ class ServiceBusConsumer(Consumer):
         connect_timeout: float = 30.0,
         give_back_capacity: int = DEFAULT_CAPACITY,
         renew_locks: bool = True,
+        lock_duration: float | None = None,
     ) -> None:
         if settle_timeout <= 0 or receive_wait <= 0 or connect_timeout <= 0:
             raise ValueError("settle_timeout, receive_wait and connect_timeout must be > 0 seconds")
@@ -70,6 +76,7 @@ class ServiceBusConsumer(Consumer):
         self._receive_wait = receive_wait
         self._connect_timeout = connect_timeout
         self._renew_locks = renew_locks
+        self._durations = LockDurations(lock_duration)
         self.counters = ConsumerCounters()
         self.give_backs = GiveBacks(give_back_capacity)
         self._keeper = LockKeeper()
@@ -207,6 +214,7 @@ class ServiceBusConsumer(Consumer):
                 receive_wait=self._receive_wait,
                 connect_timeout=self._connect_timeout,
                 renew_locks=self._renew_locks,
+                durations=self._durations,
             )
         return self._context
 

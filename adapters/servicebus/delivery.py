@@ -10,6 +10,10 @@ retry(delay)   a queue: a copy scheduled ``delay`` seconds ahead (``schedule_mes
                ``complete_message`` the original. A session queue or a subscription (which cannot
                take a copy in order, or at all): the lock is *held*, renewed, for ``delay``
                seconds, then ``abandon_message``
+(TTL)          a retry whose delay would outlast the message's time to live (``expires_at_utc``,
+               mapped to the monotonic clock) is dead-lettered at once, reason
+               ``expires_before_retry``; a retry or release copy carries only what is left of the
+               original's TTL (never extending its life)
 dead_letter    ``dead_letter_message(reason=..., error_description=...)`` (cut to 1024 and 4096
                characters): the message moves to ``<entity>/$DeadLetterQueue`` with them. They
                count toward the message's size: on a queue the description is cut to the room
@@ -49,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from azure.servicebus import ServiceBusReceivedMessage
@@ -69,10 +74,17 @@ from .envelope import (
 )
 from .errors import LOCK_LOST, describe, is_refusal
 from .limits import TooLarge
+from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
 from .route import Route
 
 logger = logging.getLogger(__name__)
+
+
+EXPIRES_BEFORE_RETRY = "expires_before_retry"
+"""Dead-letter reason: a retry's delay would outlast the message's time to live."""
+
+_WHOLE_SECOND = 1.0  # the SDK sets a time to live in whole seconds: less than one is none at all
 
 
 class LockAlreadyLost(Exception):
@@ -90,6 +102,10 @@ class ServiceBusDelivery(Delivery):
         message: the SDK's message, received in peek-lock mode.
         route: where it came from.
         settle_timeout: seconds; the bound on each settlement and each renewal.
+        requested: ``time.monotonic()`` when the receive that locked it was asked for (its lock
+            expiry is kept on that clock, :mod:`consumer_kit.adapters.servicebus.lock_clock`).
+        suspect: mark it ``redelivered`` whatever its count says (the first delivery of a session
+            whose last holder died, :mod:`consumer_kit.adapters.servicebus.session_holds`).
 
     Attributes:
         sequence_number: Service Bus's sequence number of the message.
@@ -97,7 +113,10 @@ class ServiceBusDelivery(Delivery):
             to expire after an unsettled hand-back): renewal stops and its slot is free.
     """
 
-    def __init__(self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float) -> None:
+    def __init__(
+        self, message: ServiceBusReceivedMessage, route: Route, *, settle_timeout: float,
+        requested: float | None = None, suspect: bool = False,
+    ) -> None:
         reading = own_headers.read(headers_of(message), body_of(message))
         entity = route.entity.path
         broker_count = message.delivery_count or 0
@@ -110,6 +129,7 @@ class ServiceBusDelivery(Delivery):
             redelivered=(
                 route.give_backs.is_suspect(entity, message.sequence_number or 0, broker_count)
                 or reading.suspect
+                or suspect
             ),
             correlation_id=message.correlation_id,
             partition_key=message.session_id,
@@ -117,8 +137,20 @@ class ServiceBusDelivery(Delivery):
             settle_timeout=settle_timeout,
         )
         self.sequence_number = message.sequence_number or 0
-        self.released = asyncio.Event()
         self._message = message
+        route.durations.observe(entity, message.locked_until_utc, message.enqueued_time_utc)
+        self._expiry = LockExpiry(
+            time.monotonic() if requested is None else requested, route.durations.of(entity), message.locked_until_utc
+        )
+        if route.session is not None and message.enqueued_time_utc is not None:
+            # A session's message was enqueued before the session lock was granted: a bound on it.
+            session_until = route.session.broker_locked_until()
+            if session_until is not None and session_until > message.enqueued_time_utc:
+                route.session.expiry.refine((session_until - message.enqueued_time_utc).total_seconds())
+                route.session.align_sdk()
+        else:
+            self._align_sdk()
+        self.released = asyncio.Event()
         self._route = route
         self._broker_count = broker_count
         self._lock_lost = False
@@ -137,9 +169,19 @@ class ServiceBusDelivery(Delivery):
         session = self._route.session
         return self._lock_lost or (session is not None and session.lost)
 
-    def locked_until(self) -> dt.datetime | None:
+    def seconds_left(self) -> float | None:
+        """Seconds left on the lock (the session's for a session message), monotonic clock."""
         session = self._route.session
-        return session.locked_until() if session is not None else self._message.locked_until_utc
+        return session.seconds_left() if session is not None else self._expiry.seconds_left()
+
+    def _align_sdk(self) -> None:
+        """The SDK's copy of the message lock expiry, on the host's clock (see ``lock_clock``)."""
+        align_sdk(self._message, "_expiry", self._expiry.seconds_left())
+
+    def local_time_of(self, broker_time: dt.datetime) -> float | None:
+        """A broker timestamp of this message (e.g. ``expires_at_utc``) on the monotonic clock."""
+        session = self._route.session
+        return (session.expiry if session is not None else self._expiry).local_time_of(broker_time)
 
     async def renew(self) -> Renewal:
         """Renew the message lock (the session lock for a session message) once, bounded by
@@ -150,7 +192,10 @@ class ServiceBusDelivery(Delivery):
             return await self._route.session.renew()
         try:
             async with asyncio.timeout(self.settle_timeout), self._route.management:
-                await self._route.receiver.renew_message_lock(self._message)
+                sent = time.monotonic()
+                until = await self._route.receiver.renew_message_lock(self._message)
+                self._expiry.renewed(until, sent=sent, answered=time.monotonic())
+                self._align_sdk()
         except LOCK_LOST:
             if not self.released.is_set():  # settled while the renewal was on its way: not a loss
                 self._lost_lock()
@@ -160,7 +205,8 @@ class ServiceBusDelivery(Delivery):
                 "renewing the lock of queue=%s message_id=%s failed (%s)",
                 self.queue, self.message_id, describe(exc),
             )
-            if _expired(self.locked_until()):
+            left = self.seconds_left()
+            if left is not None and left <= 0:
                 self._lost_lock()  # past its expiry and not renewable: nobody can renew it now
                 return Renewal.LOST
             return Renewal.FAILED
@@ -203,12 +249,36 @@ class ServiceBusDelivery(Delivery):
         await self._sdk(self._route.receiver.complete_message)
         self._mark_released()
 
+    def ttl_left(self, after: float = 0.0) -> float | None:
+        """Seconds of the message's time to live left ``after`` seconds from now (monotonic clock;
+        its ``expires_at_utc`` is a broker time), ``None`` when it never expires."""
+        expires = self._message.expires_at_utc
+        if expires is None:
+            return None
+        local = self.local_time_of(expires)
+        return None if local is None else local - time.monotonic() - after
+
     async def _retry(self, delay: float) -> None:
+        left = self.ttl_left(after=max(delay, 0.0))
+        if delay > 0 and left is not None and left < self.settle_timeout + _WHOLE_SECOND:
+            # Service Bus would expire it the moment the held retry gives it back (or the copy
+            # before it is due), dropping it where the entity does not dead-letter on expiry:
+            # dead-lettered now, with the reason, instead of lost.
+            self._route.counters.add("expired_retries")
+            await self._dead_letter(
+                EXPIRES_BEFORE_RETRY,
+                f"the message's time to live ends before its retry in {delay:g} s "
+                f"({max(0.0, left + delay):.1f} s were left)",
+            )
+            return
         if delay <= 0:
             await self._give_back()
         elif self._route.copies is not None:
             await self._copy_then_complete(
-                "retry", deliveries_before=self.delivery_count, suspect=False, when=schedule_time(delay)
+                "retry", deliveries_before=self.delivery_count, suspect=False,
+                # on the broker's clock (a copy scheduled by the host's would be early or late by its skew)
+                when=self._expiry.broker_time_in(delay) or schedule_time(delay),
+                time_to_live=left,
             )
         else:
             self._hold = asyncio.create_task(
@@ -252,11 +322,13 @@ class ServiceBusDelivery(Delivery):
             return None
 
     async def _release(self) -> None:
-        if self._route.copies is not None:
+        left = self.ttl_left()
+        if self._route.copies is not None and (left is None or left >= _WHOLE_SECOND):
             await self._copy_then_complete(
-                "release", deliveries_before=self.delivery_count - 1, suspect=self.redelivered, when=None
+                "release", deliveries_before=self.delivery_count - 1, suspect=self.redelivered, when=None,
+                time_to_live=left,
             )
-        else:
+        else:  # (an expired message given back: Service Bus applies the entity's expiry rule)
             await self._give_back()
 
     async def _abandon(self) -> None:
@@ -286,9 +358,11 @@ class ServiceBusDelivery(Delivery):
         self._mark_released()
 
     async def _copy_then_complete(
-        self, why: str, *, deliveries_before: int, suspect: bool, when: dt.datetime | None
+        self, why: str, *, deliveries_before: int, suspect: bool, when: dt.datetime | None,
+        time_to_live: float | None = None,
     ) -> None:
         """Send a copy in this delivery's place (at ``when``, else now), then complete the original.
+        ``time_to_live``: seconds of the original's left at ``when`` (the copy never outlives it).
         A copy too large or refused falls back to an abandon now (counted ``copy_refused``); a failed
         link fails the settlement (the broker redelivers the original)."""
         copies = self._route.copies
@@ -298,6 +372,8 @@ class ServiceBusDelivery(Delivery):
         copy = copy_of(
             self._message, self.headers_for_copies, self.body,
             deliveries_before=deliveries_before, message_id=self.message_id, suspect=suspect,
+            # whole seconds, rounded down: the SDK keeps no less
+            time_to_live=None if time_to_live is None else dt.timedelta(seconds=int(time_to_live)),
         )
         try:
             await copies.put(copy, when=when, body_size=len(self.body), what=f"{why} copy of message_id={self.message_id}")
@@ -358,6 +434,3 @@ class ServiceBusDelivery(Delivery):
             )
         self._mark_released()
 
-
-def _expired(locked_until: dt.datetime | None) -> bool:
-    return locked_until is not None and locked_until <= dt.datetime.now(dt.UTC)

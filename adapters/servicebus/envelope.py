@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -89,9 +90,28 @@ def fit_dead_letter(reason: str, description: str, room: int | None) -> tuple[st
 def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
     """The application properties as ``{str: value}``: names decoded as UTF-8 (bad bytes
     replaced), ``bytes`` values decoded as UTF-8 text where they are UTF-8 (else kept as
-    ``bytes``, for :func:`consumer_kit.headers.read` to judge)."""
+    ``bytes``, for :func:`consumer_kit.headers.read` to judge).
+
+    Trace context: producers on older Azure SDKs send only ``Diagnostic-Id`` (W3C traceparent
+    format), no ``traceparent``. As azure-servicebus reads it (``_common/tracing.py``:
+    ``traceparent``, else ``Diagnostic-Id``), a well-formed ``Diagnostic-Id`` stands in for a
+    missing ``traceparent``; any other form (the old hierarchical ``Request-Id`` ``|a.b.``) is
+    ignored."""
     properties = message.application_properties or {}
-    return {_name(name): _value(value) for name, value in properties.items()}
+    headers = {_name(name): _value(value) for name, value in properties.items()}
+    names = {name.lower(): name for name in headers if isinstance(name, str)}
+    if "traceparent" not in names and DIAGNOSTIC_ID_PROPERTY.lower() in names:
+        diagnostic = headers[names[DIAGNOSTIC_ID_PROPERTY.lower()]]
+        if isinstance(diagnostic, str) and _TRACEPARENT.fullmatch(diagnostic.strip()):
+            headers["traceparent"] = diagnostic.strip()
+    return headers
+
+
+DIAGNOSTIC_ID_PROPERTY = "Diagnostic-Id"
+"""The trace property older Azure SDKs send instead of ``traceparent`` (same W3C format)."""
+
+# W3C Trace Context "traceparent": version-traceid-parentid-flags, lower-case hex, not all zero
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def body_of(message: ServiceBusReceivedMessage) -> bytes:
@@ -124,12 +144,13 @@ def _reading(headers: Mapping[str, Any] | OwnHeaders) -> OwnHeaders:
 
 def copy_of(
     message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body: bytes, *,
-    deliveries_before: int, message_id: str | None, suspect: bool,
+    deliveries_before: int, message_id: str | None, suspect: bool, time_to_live: dt.timedelta | None = None,
 ) -> ServiceBusMessage:
     """A copy of ``message`` to send back in its place (a delayed retry, a release): same body and
     properties, a new message id (duplicate detection must not drop it as a repeat of the
-    original), ``deliveries_before`` and the original id in consumer-kit's properties, and the
-    suspect mark only when ``suspect``."""
+    original), ``deliveries_before`` and the original id in consumer-kit's properties, the
+    suspect mark only when ``suspect``, and ``time_to_live`` when given (what is left of the
+    original's, so that a copy never outlives it; else the original's own)."""
     properties: dict[str | bytes, Any] = {k: v for k, v in headers.items() if k != REDELIVERED_PROPERTY}
     properties[DELIVERIES_PROPERTY] = deliveries_before
     if message_id is not None:
@@ -137,7 +158,7 @@ def copy_of(
     if suspect:
         properties[REDELIVERED_PROPERTY] = 1
     own.seal(properties, body)  # consumer-kit's marks on every copy, signed
-    return _resent(message, body, properties, message_id=str(uuid.uuid4()))
+    return _resent(message, body, properties, message_id=str(uuid.uuid4()), time_to_live=time_to_live)
 
 
 def redrive_copy_of(
@@ -175,7 +196,7 @@ def as_sent(message: ServiceBusReceivedMessage, headers: Mapping[str, Any], body
 
 def _resent(
     message: ServiceBusReceivedMessage, body: bytes, properties: dict[str | bytes, Any], *, message_id: str | None,
-    session_id: str | None = None,
+    session_id: str | None = None, time_to_live: dt.timedelta | None = None,
 ) -> ServiceBusMessage:
     # The SDK refuses a partition key that differs from the session id.
     partition_key = message.partition_key if session_id is None or message.partition_key == session_id else None
@@ -191,7 +212,7 @@ def _resent(
         to=message.to,
         reply_to=message.reply_to,
         reply_to_session_id=message.reply_to_session_id,
-        time_to_live=message.time_to_live,
+        time_to_live=message.time_to_live if time_to_live is None else time_to_live,
     )
 
 

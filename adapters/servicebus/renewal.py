@@ -5,21 +5,20 @@ moment it is received: a delivery waiting for a slot, behind a message that runs
 lock too), each delivery whose delayed retry is being held (:mod:`consumer_kit.adapters.servicebus.delivery`),
 and each session a session receiver holds (its session lock covers its messages).
 
-Timing: the next renewal is due when half of the time left on the lock (its ``locked_until``, from
-Service Bus) has passed, at least :data:`MIN_WAIT` and at most :data:`MAX_WAIT` seconds after the
+Timing: the next renewal is due when half of the time left on the lock has passed (the time left
+on the worker's monotonic clock, :mod:`consumer_kit.adapters.servicebus.lock_clock`: never the broker's
+``locked_until`` against the host's wall clock, which a skewed clock makes too late or too often), at least :data:`MIN_WAIT` and at most :data:`MAX_WAIT` seconds after the
 last one. A renewal that fails without losing the lock (a connection blip) is tried again on the
 same rule, so retries come quicker as the expiry nears. A lock reported lost
 (``MessageLockLostError``, ``SessionLockLostError``) is never renewed again: the lock holder marks
 itself lost (and logs it), and the broker redelivers the message.
 
-The host clocks are assumed to be in sync with Service Bus's (``locked_until`` is server time),
-as the SDK's own ``AutoLockRenewer`` assumes.
+(The SDK's own ``AutoLockRenewer`` compares ``locked_until`` with the host's clock, hence is not used.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import enum
 import logging
 from typing import Protocol
@@ -48,8 +47,8 @@ class Renewable(Protocol):
         """Set once the lock needs no more renewal (settled, given back, lost, or left to expire)."""
         ...
 
-    def locked_until(self) -> dt.datetime | None:
-        """When the lock expires (aware UTC), ``None`` when unknown."""
+    def seconds_left(self) -> float | None:
+        """Seconds until the lock expires on the worker's monotonic clock, ``None`` when unknown."""
         ...
 
     async def renew(self) -> Renewal:
@@ -57,12 +56,11 @@ class Renewable(Protocol):
         ...
 
 
-def seconds_until_renewal(locked_until: dt.datetime | None, now: dt.datetime) -> float:
+def seconds_until_renewal(seconds_left: float | None) -> float:
     """Seconds to wait before the next renewal: half the time left, within [MIN_WAIT, MAX_WAIT]."""
-    if locked_until is None:
+    if seconds_left is None:
         return MIN_WAIT
-    remaining = (locked_until - now).total_seconds()
-    return min(MAX_WAIT, max(MIN_WAIT, remaining / 2))
+    return min(MAX_WAIT, max(MIN_WAIT, seconds_left / 2))
 
 
 class LockKeeper:
@@ -89,7 +87,7 @@ class LockKeeper:
 
     async def _keep(self, lock: Renewable, name: str) -> None:
         while not lock.released.is_set():
-            wait = seconds_until_renewal(lock.locked_until(), dt.datetime.now(dt.UTC))
+            wait = seconds_until_renewal(lock.seconds_left())
             try:
                 async with asyncio.timeout(wait):
                     await lock.released.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
@@ -12,6 +13,7 @@ from azure.servicebus.aio import ServiceBusReceiver
 from .copies import Copies
 from .counters import ConsumerCounters
 from .errors import LOCK_LOST, describe
+from .lock_clock import LockDurations, LockExpiry, align_sdk
 from .redelivery import GiveBacks
 from .renewal import Renewal
 from .topology import Entity
@@ -35,8 +37,15 @@ class SessionLock:
         management: one ``$management`` request at a time on this receiver (see :class:`Route`).
     """
 
-    def __init__(self, receiver: ServiceBusReceiver, *, timeout: float, counters: ConsumerCounters) -> None:
+    def __init__(
+        self, receiver: ServiceBusReceiver, *, timeout: float, counters: ConsumerCounters,
+        requested: float | None = None, duration: float | None = None,
+    ) -> None:
         self._receiver = receiver
+        # requested: time.monotonic() when the accept was asked for; duration: the lock duration known
+        self._broker_until = receiver.session.locked_until_utc  # the broker's, before align_sdk
+        self.expiry = LockExpiry(time.monotonic() if requested is None else requested, duration, self._broker_until)
+        self.align_sdk()
         self.management = asyncio.Lock()
         self._timeout = timeout
         self._counters = counters
@@ -44,8 +53,16 @@ class SessionLock:
         self.released = asyncio.Event()
         self.lost = False
 
-    def locked_until(self) -> dt.datetime | None:
-        return self._receiver.session.locked_until_utc
+    def seconds_left(self) -> float | None:
+        return self.expiry.seconds_left()
+
+    def broker_locked_until(self) -> dt.datetime | None:
+        """The session's ``locked_until`` as the broker last stated it (its clock)."""
+        return self._broker_until
+
+    def align_sdk(self) -> None:
+        """The SDK's copy of the session expiry, on the host's clock (see ``lock_clock``)."""
+        align_sdk(self._receiver.session, "_locked_until_utc", self.expiry.seconds_left())
 
     async def renew(self) -> Renewal:
         """Renew the session lock once (bounded by ``timeout``); never raises."""
@@ -53,7 +70,11 @@ class SessionLock:
             return Renewal.LOST
         try:
             async with asyncio.timeout(self._timeout), self.management:
-                await self._receiver.session.renew_lock()
+                sent = time.monotonic()
+                until = await self._receiver.session.renew_lock()
+                self.expiry.renewed(until, sent=sent, answered=time.monotonic())
+                self._broker_until = until
+                self.align_sdk()
         except LOCK_LOST:
             self.mark_lost()
             return Renewal.LOST
@@ -82,6 +103,7 @@ class Route:
         counters: the consumer's counters.
         copies: sends retry and release copies (queues without sessions), else ``None``.
         session: the session lock covering the message (session entities), else ``None``.
+        durations: the lock durations known per entity (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
         management: held around every ``$management`` request on ``receiver`` (lock renewals):
             the SDK sends concurrent requests on one link with out-of-order delivery ids, which an
             AMQP peer must refuse by closing the connection (seen as ``amqp:session:invalid-field,
@@ -94,4 +116,5 @@ class Route:
     counters: ConsumerCounters
     copies: Copies | None = None
     session: SessionLock | None = None
+    durations: LockDurations = field(default_factory=LockDurations)
     management: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -12,8 +12,16 @@ runs ``prefetch`` *session slots* per entity; each slot, over and over:
    ``prefetch`` of them;
 3. gives the session up (closes the receiver) when it has no message within ``receive_wait``, when
    deliveries are not wanted (pause, shutdown), when the worker handed a delivery back unsettled
-   (a simulated crash: closing makes Service Bus return it, counted, as a suspect), or when the
-   session lock is lost (``SessionLockLostError``: the delivery is no longer ours, never acked).
+   (a simulated crash), or when the session lock is lost (``SessionLockLostError``: the delivery
+   is no longer ours, never acked).
+
+**Crashes.** Service Bus returns a session's unsettled messages *uncounted* when the session is
+closed or its connection drops, so the delivery count cannot tell that the last holder died. Each
+slot keeps a hold mark in the session state instead (:mod:`consumer_kit.adapters.servicebus.session_holds`):
+set on accept, cleared on a clean give-up, left behind by a crash or a simulated one; a mark found
+on accept makes the session's first delivery a suspect, which runs alone under the ledger's
+run-alone marker (crash counted, ``crashed_worker`` at ``crash_limit``). A session lock that
+*expires* is counted by Service Bus too; either sign makes a suspect.
 
 A delayed retry of a session message is held (lock renewed, then abandoned when the delay is over,
 see :mod:`consumer_kit.adapters.servicebus.delivery`): the abandoned message is again the first of its
@@ -27,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 
 from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import OperationTimeoutError
@@ -39,6 +48,7 @@ from .connection import BACKOFF, close_quietly
 from .delivery import ServiceBusDelivery
 from .errors import LOCK_LOST, describe
 from .route import Route, SessionLock
+from .session_holds import Hold, clear_hold, take_hold
 from .subscription import PumpContext, dead_letter_raw, log_attempt, wait_unlocked
 from .topology import Entity
 
@@ -100,14 +110,20 @@ class _SessionSlot:
     async def run(self) -> None:
         while True:
             await self._context.running.wait()
+            requested = time.monotonic()  # the session lock cannot have been granted earlier
             receiver = await self._accept_with_backoff()
             if receiver is None:
                 continue  # no session with messages within receive_wait, or not wanted now
-            lock = SessionLock(receiver, timeout=self._context.settle_timeout, counters=self._context.counters)
+            lock = SessionLock(
+                receiver, timeout=self._context.settle_timeout, counters=self._context.counters,
+                requested=requested, duration=self._context.durations.of(self.entity.path),
+            )
+            hold: Hold | None = None
             try:
-                await self._serve(receiver, lock)
+                hold = await take_hold(receiver, lock.management, self._context.settle_timeout)
+                await self._serve(receiver, lock, hold)
             finally:
-                await self._give_up(receiver, lock)
+                await self._give_up(receiver, lock, marked=hold is not None and hold.marked)
 
     async def _accept_with_backoff(self) -> ServiceBusReceiver | None:
         """:meth:`_accept`, re-tried with exponential backoff (tenacity) while it fails."""
@@ -141,10 +157,16 @@ class _SessionSlot:
         logger.debug("session %s of %s accepted by slot %s", receiver.session.session_id, self.entity.path, self.index)
         return receiver
 
-    async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock) -> None:
-        if self._context.renew_locks:
-            self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
-        route = Route(self.entity, receiver, self._context.give_backs, self._context.counters, session=lock)
+    async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock, hold: Hold) -> None:
+        """Hand the session's messages out one at a time, the first a suspect when ``hold`` says so."""
+        suspect = hold.suspect  # only the session's first delivery: the one a dead holder had
+        # Renewal starts with the first message, which tells how long the session lock is
+        # (lock_clock.py); the first receive waits receive_wait, far less than any lock.
+        renewing = not self._context.renew_locks
+        route = Route(
+            self.entity, receiver, self._context.give_backs, self._context.counters, session=lock,
+            durations=self._context.durations,
+        )
         while not lock.lost:
             async with self._receiving:
                 if not self._context.running.is_set():
@@ -164,10 +186,16 @@ class _SessionSlot:
                 return  # the session is empty for now: take another one
             message, why = messages[0], list[str]()
             delivery = build_delivery(
-                functools.partial(ServiceBusDelivery, message, route, settle_timeout=self._context.settle_timeout),
+                functools.partial(
+                    ServiceBusDelivery, message, route, settle_timeout=self._context.settle_timeout, suspect=suspect
+                ),
                 unbuildable=why.append,
                 what=f"queue={self.entity.path} session={lock.session_id} sequence_number={message.sequence_number}",
             )
+            suspect = False
+            if not renewing:
+                renewing = True
+                self._context.keeper.keep(lock, name=f"queue={self.entity.path} session={lock.session_id}")
             if delivery is None:  # in order: dead-letter it before the session's next message
                 await dead_letter_raw(route, message, why[0], self._context.settle_timeout)
                 continue
@@ -177,13 +205,20 @@ class _SessionSlot:
             if delivery.settlement is None or delivery.lost:
                 return  # handed back unsettled or not settled as asked: give the session up
 
-    async def _give_up(self, receiver: ServiceBusReceiver, lock: SessionLock) -> None:
-        """Stop renewing and close the receiver (which releases the session) in the background: the
-        SDK's close waits up to a second for its keep-alive task, and the slot need not wait."""
+    async def _give_up(self, receiver: ServiceBusReceiver, lock: SessionLock, *, marked: bool) -> None:
+        """Stop renewing, clear the hold mark (``marked``: this slot set it) when nothing is left
+        unsettled, and close the receiver (which releases the session) in the background: the SDK's
+        close waits up to a second for its keep-alive task, and the slot need not wait."""
         current, self._current = self._current, None
         if current is not None:
             await current.end_hold()
         lock.released.set()
+        # Clean: the last delivery (if any) was settled as asked. Handed back unsettled (a simulated
+        # crash) or lost, the mark stays for the next holder. On shutdown the runtime has given
+        # every delivery back before the slots stop.
+        clean = current is None or (current.settlement is not None and not current.lost)
+        if marked and clean and not lock.lost:
+            await clear_hold(receiver, lock.management, self._context.settle_timeout)
         closing = asyncio.create_task(
             close_quietly(receiver, self._context.settle_timeout, f"session {lock.session_id} of {self.entity.path}")
         )

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from azure.servicebus import ServiceBusReceivedMessage
@@ -34,6 +35,7 @@ from .copies import Copies
 from .counters import ConsumerCounters
 from .delivery import ServiceBusDelivery
 from .errors import describe
+from .lock_clock import LockDurations
 from .redelivery import GiveBacks
 from .renewal import LockKeeper
 from .route import Route
@@ -55,6 +57,7 @@ class PumpContext:
         receive_wait: seconds one receive call waits for a first message.
         connect_timeout: seconds opening one receiver may take.
         renew_locks: renew held locks (``False`` only for tests that need a lock to lapse).
+        durations: lock durations per entity (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
     """
 
     client: ServiceBusClient
@@ -67,6 +70,7 @@ class PumpContext:
     receive_wait: float
     connect_timeout: float
     renew_locks: bool = True
+    durations: LockDurations = field(default_factory=LockDurations)
 
 
 class EntityPump:
@@ -118,7 +122,8 @@ class EntityPump:
             raise
         self._receiver = receiver
         self._route = Route(
-            self.entity, receiver, self._context.give_backs, self._context.counters, copies=self._copies
+            self.entity, receiver, self._context.give_backs, self._context.counters, copies=self._copies,
+            durations=self._context.durations,
         )
         self.healthy = True
 
@@ -150,6 +155,7 @@ class EntityPump:
                 if not self._context.running.is_set():
                     continue
                 try:
+                    requested = time.monotonic()  # no lock handed out now can have started earlier
                     messages = await self._receive(self._prefetch - len(self._in_hand))
                 except Exception as exc:  # noqa: BLE001 - any failure: a new receiver
                     failure: Exception | None = exc
@@ -159,7 +165,7 @@ class EntityPump:
                 await self._reconnect(failure)
                 continue
             for message in messages:
-                self._hand_out(message)
+                self._hand_out(message, requested)
 
     async def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
         if self._receiver is None:
@@ -172,11 +178,13 @@ class EntityPump:
         self.healthy = True
         return messages
 
-    def _hand_out(self, message: ServiceBusReceivedMessage) -> None:
+    def _hand_out(self, message: ServiceBusReceivedMessage, requested: float) -> None:
         route = self._route
         assert route is not None
         delivery = build_delivery(
-            lambda: ServiceBusDelivery(message, route, settle_timeout=self._context.settle_timeout),
+            lambda: ServiceBusDelivery(
+                message, route, settle_timeout=self._context.settle_timeout, requested=requested
+            ),
             unbuildable=lambda detail: self._spawn(dead_letter_raw(route, message, detail, self._context.settle_timeout)),
             what=f"queue={self.entity.path} sequence_number={message.sequence_number}",
         )

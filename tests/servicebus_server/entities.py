@@ -9,6 +9,7 @@ dead-letter queues are ``queues.Queue``; the producer side of queues and topics 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 from . import wire
@@ -45,12 +46,13 @@ class Namespace:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
+        self.clock_skew = 0.0  # seconds the broker's clock is ahead of the host's (negative: behind)
         self._queues: dict[str, Queue] = {}
         self._topics: dict[str, Topic] = {}
 
     def create_queue(self, name: str, options: EntityOptions) -> Queue:
         with self.lock:
-            queue = Queue(name, options, self.lock)
+            queue = Queue(name, options, self.lock, clock=self.now)
             self._queues[name.casefold()] = queue
             return queue
 
@@ -66,9 +68,13 @@ class Namespace:
             if topic is None:
                 raise EntityNotFound(f"no topic {topic_name}")
             path = f"{topic.path}{wire.SUBSCRIPTIONS_INFIX}{name}"
-            subscription = Queue(path, options, self.lock, kind=Queue.SUBSCRIPTION)
+            subscription = Queue(path, options, self.lock, kind=Queue.SUBSCRIPTION, clock=self.now)
             topic.subscriptions[name.casefold()] = subscription
             return subscription
+
+    def now(self) -> float:
+        """The broker's clock: epoch seconds, ``clock_skew`` off the host's."""
+        return time.time() + self.clock_skew
 
     def entity(self, path: str) -> Queue | Topic:
         """The queue, topic, subscription or dead-letter queue at ``path``; raises EntityNotFound."""

@@ -24,7 +24,6 @@ All work happens on the reactor thread while holding ``Namespace.lock``.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -164,14 +163,14 @@ class ServiceBusHandler(Handler):
         assert isinstance(filters, dict)
         requested = wire.as_text(filters.get(wire.SESSION_FILTER))
         consumer = Consumer(link, queue, receive_and_delete=receive_and_delete, session_id=requested)
-        session = queue.accept_session(consumer, requested, time.time())
+        session = queue.accept_session(consumer, requested, self.namespace.now())
         if session is not None:
             self._start_session_consumer(consumer, session)
             return
         wait_ms = (link.remote_properties or {}).get(wire.LINK_TIMEOUT)
         wait = DEFAULT_SESSION_WAIT if wait_ms is None else int(wait_ms) / 1000
         self._pending_sessions.append(
-            PendingSessionAttach(link, queue, receive_and_delete, time.time() + wait)
+            PendingSessionAttach(link, queue, receive_and_delete, self.namespace.now() + wait)
         )
 
     def _start_consumer(
@@ -270,7 +269,7 @@ class ServiceBusHandler(Handler):
             contents = [EncodedMessage.decode(inner) for inner in unbatch(payload)]
             for content in contents:  # a batch is taken whole or not at all, as Service Bus does
                 target.check(content)
-            now = time.time()
+            now = self.namespace.now()
             for content in contents:
                 target.send(content, now)
         except (BrokerError, ValueError) as error:
@@ -294,7 +293,7 @@ class ServiceBusHandler(Handler):
                 entity_path=node[: -len(wire.MANAGEMENT_SUFFIX)],
                 body=wire.detach_buffers(request.body) if isinstance(request.body, dict) else {},
                 receiver=self._consumer_named(link, wire.as_text(properties.get("associated-link-name"))),
-                now=time.time(),
+                now=self.namespace.now(),
             )
             response = management.answer(request, request_context)
         responder = (getattr(link.session, "responders", None) or {}).get(node)
@@ -337,8 +336,8 @@ class ServiceBusHandler(Handler):
         delivery.answered = True
         try:
             if consumer.session_lost:
-                consumer.queue.session_for(consumer.session_id or "", consumer, time.time())
-            consumer.queue.settle(token, outcome, time.time(), reason=reason, description=description)
+                consumer.queue.session_for(consumer.session_id or "", consumer, self.namespace.now())
+            consumer.queue.settle(token, outcome, self.namespace.now(), reason=reason, description=description)
         except BrokerError as error:
             _LOGGER.info("settlement %s on %s refused: %s", outcome, consumer.queue.path, error)
             delivery.local.condition = _condition(error)
@@ -364,7 +363,7 @@ class ServiceBusHandler(Handler):
 
     def pump(self) -> None:
         """Hand available messages to every consumer with credit (caller holds the namespace lock)."""
-        now = time.time()
+        now = self.namespace.now()
         for consumer in list(self._consumers):
             self._pump_consumer(consumer, now)
 
@@ -398,7 +397,7 @@ class ServiceBusHandler(Handler):
 
     def tick(self) -> None:
         """Expire locks and sessions, release scheduled messages, serve waiting session receivers."""
-        now = time.time()
+        now = self.namespace.now()
         with self.namespace.lock:
             for owner, session_id in self.namespace.expire(now):
                 if isinstance(owner, Consumer):

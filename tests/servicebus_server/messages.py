@@ -38,6 +38,15 @@ class StoredMessage:
     lock_token: uuid.UUID | None = None
     locked_until: float = 0.0
     lock_owner: object | None = field(default=None, repr=False)
+    time_to_live: float = math.inf  # seconds, the effective one (message's, capped by the entity's)
+
+    @property
+    def expires_at(self) -> float:
+        """Service Bus's ExpiresAtUtc: enqueued time + time to live (epoch seconds)."""
+        return self.enqueued_time + self.time_to_live
+
+    def is_expired(self, now: float) -> bool:
+        return self.expires_at <= now
 
     @property
     def message_id(self) -> str | None:
@@ -82,6 +91,7 @@ class StoredMessage:
             delivery_count=self.delivery_count,
             annotations=annotations,
             delivery_annotations=delivery_annotations,
+            time_to_live=self.time_to_live,
         )
 
     def snapshot(self, now: float) -> MessageSnapshot:
@@ -96,6 +106,7 @@ class StoredMessage:
             body=self.content.body,
             size=self.content.size,
             application_properties=properties,
+            expires_at=self.expires_at,
             dead_letter_reason=wire.as_text(properties.get(wire.DEAD_LETTER_REASON)),
             dead_letter_error_description=wire.as_text(properties.get(wire.DEAD_LETTER_ERROR_DESCRIPTION)),
         )
@@ -114,5 +125,6 @@ class MessageSnapshot:
     body: bytes
     size: int  # bytes of the message as stored (dead-letter properties included)
     application_properties: dict[Any, Any]
+    expires_at: float  # epoch seconds (inf: never)
     dead_letter_reason: str | None
     dead_letter_error_description: str | None

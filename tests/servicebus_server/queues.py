@@ -20,6 +20,7 @@ import bisect
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,9 @@ from .sections import EncodedMessage
 from .send_target import EntityOptions, SendTarget
 
 MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
+# Microsoft's "Service Bus dead-letter queues" page, table of system reasons.
+TTL_EXPIRED = "TTLExpiredException"
+TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
 
 
 class Settlement:
@@ -71,13 +75,15 @@ class Queue(SendTarget):
     DEAD_LETTER_QUEUE = "dead-letter queue"
 
     def __init__(
-        self, path: str, options: EntityOptions, lock: threading.RLock, *, kind: str = QUEUE
+        self, path: str, options: EntityOptions, lock: threading.RLock, *, kind: str = QUEUE,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if kind == self.DEAD_LETTER_QUEUE:
             # A dead-letter queue never dead-letters again and does not require sessions.
             options = EntityOptions(lock_duration=options.lock_duration, max_delivery_count=None)
         super().__init__(path, options, lock)
         self.kind = kind
+        self._clock = clock  # the broker's clock (epoch seconds; the server may skew it)
         self._messages: dict[int, StoredMessage] = {}
         self._available: list[int] = []  # sequence numbers of active, unlocked messages, sorted
         self._locks: dict[Any, StoredMessage] = {}
@@ -85,7 +91,7 @@ class Queue(SendTarget):
         self.dead_letter_queue: Queue | None = (
             None
             if kind == self.DEAD_LETTER_QUEUE
-            else Queue(path + wire.DEAD_LETTER_SUFFIX, options, lock, kind=self.DEAD_LETTER_QUEUE)
+            else Queue(path + wire.DEAD_LETTER_SUFFIX, options, lock, kind=self.DEAD_LETTER_QUEUE, clock=clock)
         )
 
     @property
@@ -100,6 +106,17 @@ class Queue(SendTarget):
             raise NotAllowed(f"{self.path} requires sessions: the message needs a session_id")
 
     def _accept(self, stored: StoredMessage) -> None:
+        if self.kind == self.DEAD_LETTER_QUEUE:
+            stored.time_to_live = math.inf  # dead letters stay until someone takes them
+        else:
+            # "Message expiration": the entity's default TTL applies to a message that sets none
+            # and is the ceiling of one that does; it counts from the enqueued time (for a
+            # scheduled message, the time it became active).
+            default = self.options.default_message_time_to_live
+            own = stored.content.time_to_live
+            stored.time_to_live = min(
+                stored.time_to_live, math.inf if own is None else own, math.inf if default is None else default
+            )
         self._messages[stored.sequence_number] = stored
         bisect.insort(self._available, stored.sequence_number)
 
@@ -110,6 +127,7 @@ class Queue(SendTarget):
             stored.content,
             enqueued_time=stored.enqueued_time,
             delivery_count=stored.delivery_count,
+            time_to_live=stored.time_to_live,
         )
         self._accept(copy)
 
@@ -117,6 +135,7 @@ class Queue(SendTarget):
 
     def lock_next(self, owner: object, now: float, session_id: str | None = None) -> StoredMessage | None:
         """Lock the lowest available message (of ``session_id`` on a session queue) for ``owner``."""
+        self._expire_messages(now)
         for index, sequence_number in enumerate(self._available):
             stored = self._messages[sequence_number]
             if self.requires_session and stored.session_id != session_id:
@@ -205,7 +224,26 @@ class Queue(SendTarget):
                 )
                 return
         if stored.state is MessageState.ACTIVE:
+            if stored.is_expired(self._clock()):
+                # "Message expiration": a locked message is not expired, but "if the lock expires
+                # or the message is abandoned, the expiration takes immediate effect".
+                self._expire(stored)
+                return
             bisect.insort(self._available, stored.sequence_number)
+
+    def _expire_messages(self, now: float) -> None:
+        """Expire every available (unlocked, active) message past its ExpiresAtUtc. Deferred
+        messages are left alone: Service Bus does not expire them ("Message deferral")."""
+        for sequence_number in [n for n in self._available if self._messages[n].is_expired(now)]:
+            self._available.remove(sequence_number)
+            self._expire(self._messages[sequence_number])
+
+    def _expire(self, stored: StoredMessage) -> None:
+        """Drop an expired message, or dead-letter it where the entity enables it."""
+        if self.options.dead_lettering_on_message_expiration and self.dead_letter_queue is not None:
+            self._dead_letter(stored, TTL_EXPIRED, TTL_EXPIRED_DESCRIPTION)
+        else:
+            self._messages.pop(stored.sequence_number, None)
 
     def _dead_letter(
         self, stored: StoredMessage, reason: str | None, description: str | None, *, check_size: bool = False
@@ -313,18 +351,24 @@ class Queue(SendTarget):
         session.locked_until = now + self.options.lock_duration
         return session.locked_until
 
-    def release_session(self, session_id: str, owner: object) -> None:
-        """Drop ``owner``'s session lock; messages it still held go back counted, as after a lost lock."""
+    def release_session(self, session_id: str, owner: object, *, counted: bool = False) -> None:
+        """Drop ``owner``'s session lock; messages it still held go back to the session.
+
+        Service Bus's *Message sessions* page ("delivery count per message in the context of
+        sessions"): a session closed with messages unsettled (the receiver closed, its link or
+        connection dropped) does **not** raise their delivery count; a session lock that expires
+        does (``counted``)."""
         session = self._sessions.get(session_id)
         if session is None or session.owner is not owner:
             return
+        counted = counted or session.locked_until <= self._clock()  # it had expired: an expiry, counted
         session.owner = None
         session.locked_until = 0.0
         for stored in [
             m for m in self._locks.values() if m.session_id == session_id and m.lock_owner is owner
         ]:
             self._forget_lock(stored)
-            self._give_back(stored, counted=True)
+            self._give_back(stored, counted=counted)
 
     # -- time -------------------------------------------------------------------------------------
 
@@ -332,6 +376,7 @@ class Queue(SendTarget):
         """Release due scheduled messages and expired locks; returns the (owner, session id) pairs that lost
         their session lock."""
         self.release_due(now)
+        self._expire_messages(now)
         for stored in [m for m in self._locks.values() if m.locked_until <= now]:
             self._forget_lock(stored)
             self._give_back(stored, counted=True)
@@ -340,7 +385,7 @@ class Queue(SendTarget):
             if session.owner is not None and session.locked_until <= now:
                 owner = session.owner
                 lost.append((owner, session.session_id))
-                self.release_session(session.session_id, owner)
+                self.release_session(session.session_id, owner, counted=True)
         if self.dead_letter_queue is not None:
             lost.extend(self.dead_letter_queue.expire(now))
         return lost
@@ -357,7 +402,7 @@ class Queue(SendTarget):
     # -- inspection (takes the namespace lock) -----------------------------------------------------
 
     def _snapshots(self, state: MessageState | None = None) -> list[MessageSnapshot]:
-        now = time.time()
+        now = self._clock()
         with self._lock:
             chosen = [m for m in self._messages.values() if state is None or m.state is state]
             return [m.snapshot(now) for m in sorted(chosen, key=lambda m: m.sequence_number)]
@@ -397,4 +442,4 @@ class Queue(SendTarget):
         """The receiver holding ``session_id``'s lock, or None."""
         with self._lock:
             session = self._sessions.get(session_id)
-            return session.owner if session is not None and session.is_locked(time.time()) else None
+            return session.owner if session is not None and session.is_locked(self._clock()) else None

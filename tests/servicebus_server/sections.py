@@ -11,6 +11,7 @@ sections are each a whole encoded message; ``unbatch`` opens it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +142,13 @@ class EncodedMessage:
         return None if value is None else str(value)
 
     @property
+    def time_to_live(self) -> float | None:
+        """Seconds, from the AMQP header's ``ttl`` (milliseconds) the producer set; None if not set."""
+        header = list(self._value(HEADER) or [])
+        value = header[2] if len(header) > 2 else None
+        return None if value is None else int(value) / 1000
+
+    @property
     def annotations(self) -> dict[Any, Any]:
         return dict(self._value(MESSAGE_ANNOTATIONS) or {})
 
@@ -178,11 +186,15 @@ class EncodedMessage:
         delivery_count: int,
         annotations: dict[Any, Any],
         delivery_annotations: dict[Any, Any] | None = None,
+        time_to_live: float | None = None,
     ) -> bytes:
-        """The bytes a consumer receives: new header and annotations, the rest as sent."""
+        """The bytes a consumer receives: new header (delivery count; ``time_to_live`` seconds, the
+        effective one, when finite) and annotations, the rest as sent."""
         header = list(self._value(HEADER) or [])
         header.extend([None] * (5 - len(header)))
         header[4] = uint(delivery_count)
+        if time_to_live is not None and math.isfinite(time_to_live):
+            header[2] = uint(max(0, round(time_to_live * 1000)))
         parts = [encode_section(HEADER, header)]
         if delivery_annotations:
             parts.append(encode_section(DELIVERY_ANNOTATIONS, delivery_annotations))

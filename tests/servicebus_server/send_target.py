@@ -25,7 +25,10 @@ class EntityOptions:
 
     ``lock_duration`` (seconds) applies to message locks and session locks alike;
     ``duplicate_detection_window`` (seconds) or None turns duplicate detection off;
-    ``max_message_size`` is in bytes; ``max_delivery_count`` None never dead-letters.
+    ``max_message_size`` is in bytes; ``max_delivery_count`` None never dead-letters;
+    ``default_message_time_to_live`` (seconds, None: never) is the TTL of a message that sets none
+    and the ceiling of one that does; ``dead_lettering_on_message_expiration`` moves expired
+    messages to the dead-letter queue (reason ``TTLExpiredException``) instead of dropping them.
     """
 
     lock_duration: float = 30.0
@@ -33,6 +36,8 @@ class EntityOptions:
     requires_session: bool = False
     duplicate_detection_window: float | None = None
     max_message_size: int = 256 * 1024
+    default_message_time_to_live: float | None = None
+    dead_lettering_on_message_expiration: bool = False
 
 
 class SendTarget:

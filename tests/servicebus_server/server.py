@@ -31,6 +31,7 @@ from .send_target import EntityOptions
 _LOGGER = logging.getLogger(__name__)
 
 _STOP = "servicebus_server_stop"
+_DROP = "servicebus_server_drop"
 SHUTDOWN_GRACE = 0.2  # seconds connections get to close politely before their sockets are closed
 
 
@@ -68,6 +69,15 @@ class _Reactor(Handler):
             return
         self._protocol.tick()
         event.container.schedule(self._server.tick_interval, self)
+
+    def on_servicebus_server_drop(self, event: Event) -> None:
+        """Cut every client's socket, as a network failure does (no AMQP close is sent)."""
+        for connection in list(self._protocol.connections):
+            transport = connection.transport
+            if transport is not None and not transport.closed:
+                transport.close_tail()
+                transport.close_head()
+        self._server.dropped.set()
 
     def on_servicebus_server_stop(self, event: Event) -> None:
         """Stop accepting, close every connection, then close what did not close in time."""
@@ -118,6 +128,7 @@ class ServiceBusTestServer:
         self.tick_interval = tick_interval
         self.namespace = Namespace()
         self.listening = threading.Event()
+        self.dropped = threading.Event()  # set once drop_connections() has cut every connection
         self.startup_error: BaseException | None = None
         self.failure: BaseException | None = None
         self._protocol = ServiceBusHandler(self.namespace)
@@ -148,6 +159,16 @@ class ServiceBusTestServer:
             _LOGGER.exception("Service Bus test server crashed")
             self.failure = error
             self.listening.set()
+
+    def drop_connections(self, timeout: float = 5.0) -> None:
+        """Test hook: cut every client connection now (sockets closed, no AMQP close), as a network
+        failure does. The server side forgets their links: message locks stay until they expire
+        (Service Bus cannot carry a link over to another connection), session locks are released
+        (uncounted, as a closed session). Returns once done."""
+        self.dropped.clear()
+        self._reactor.injector.trigger(ApplicationEvent(_DROP))
+        if not self.dropped.wait(timeout):
+            raise TimeoutError("the test server did not drop its connections in time")
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close every connection and join the reactor thread; re-raises a crash of the reactor."""
@@ -194,6 +215,13 @@ class ServiceBusTestServer:
 
     def create_subscription(self, topic: str, name: str, **options: Any) -> Queue:
         return self.namespace.create_subscription(topic, name, EntityOptions(**options))
+
+    def skew_clock(self, seconds: float) -> None:
+        """Run the broker's clock ``seconds`` ahead of the host's (negative: behind), as a worker
+        whose clock is off Service Bus's sees it: every ``locked_until`` and enqueued time it hands
+        out, and every expiry it applies, follow the skewed clock. 0 restores it."""
+        with self.namespace.lock:
+            self.namespace.clock_skew = seconds
 
     def entity(self, path: str) -> Queue | Topic:
         """The entity at ``path`` (``q``, ``q/$DeadLetterQueue``, ``t/Subscriptions/s``) for inspection."""
