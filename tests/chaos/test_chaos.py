@@ -30,7 +30,8 @@ def _missing() -> str | None:
     return None
 
 
-def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", ["1", "10"], ids=["per-delivery", "batches-of-10"])
+def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path, batch: str) -> None:
     reason = _missing()
     if reason:
         pytest.skip(reason)
@@ -40,7 +41,7 @@ def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path)
     result = subprocess.run(
         [sys.executable, "-m", "tests.chaos.run", "--seed", os.environ.get("CK_CHAOS_SEED", "7"),
          "--duration", duration, "--rate", "15", "--drain-timeout", "60",
-         "--read-only-window", window, "--poison-copies", "2",
+         "--read-only-window", window, "--poison-copies", "2", "--batch", batch,
          "--database-url", database_url, "--broker-url", rabbitmq_url,
          "--logdir", str(tmp_path / "logs"), "--summary-json", str(summary_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=float(duration) + 150,
