@@ -55,6 +55,7 @@ class Ledger:
         self.schema = schema
         self._sql = operation_statements(schema)
         self._begin_and_claim = SessionStatement("ck_claim", self._sql.claim)
+        self._begin_and_claim_many = SessionStatement("ck_claim_many", self._sql.batch.claim)
 
     async def claim(
         self,
@@ -121,10 +122,10 @@ class Ledger:
         message_ids: Sequence[str | None],
         retentions: Sequence[Retention],
     ) -> BatchClaim:
-        """Claim every operation of a batch in the caller's transaction, in one statement (the
-        batch path; keys must be distinct), and read the rows that already existed: the ones the
-        claim's snapshot did not show (a concurrent claimer committed meanwhile) are read again
-        with a second statement.
+        """Open a transaction and claim every operation of a batch in it: BEGIN and one prepared
+        statement in one round trip (the batch path; keys must be distinct), which also reads the
+        rows that already existed; the ones the claim's snapshot did not show (a concurrent
+        claimer committed meanwhile) are read again with a second statement.
 
         Raises:
             psycopg.errors.LockNotAvailable: a concurrent claimer held one of the keys past
@@ -146,17 +147,16 @@ class Ledger:
         claimed: set[tuple[str, str]] = set()
         rows: dict[tuple[str, str], OperationRow] = {}
         xid: str | None = None
-        async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(self._sql.batch.claim, params)
-            for found in await cur.fetchall():
-                if found.pop("claimed"):
-                    claimed.add((found["scope"], found["key"]))
-                    xid = found.pop("xid")
-                else:
-                    found.pop("xid")
-                    rows[found["scope"], found["key"]] = OperationRow(**found)
-            unseen = [i for i in identities if (i.scope, i.key) not in claimed and (i.scope, i.key) not in rows]
-            if unseen:  # the winner committed after the claim's snapshot: read again
+        for found in await self._begin_and_claim_many.begin_and_fetchall(conn, params):
+            if found.pop("claimed"):
+                claimed.add((found["scope"], found["key"]))
+                xid = found.pop("xid")
+            else:
+                found.pop("xid")
+                rows[found["scope"], found["key"]] = OperationRow(**found)
+        unseen = [i for i in identities if (i.scope, i.key) not in claimed and (i.scope, i.key) not in rows]
+        if unseen:  # the winner committed after the claim's snapshot: read again
+            async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(
                     self._sql.batch.fetch, {"scope": [i.scope for i in unseen], "key": [i.key for i in unseen]}
                 )

@@ -1,7 +1,7 @@
 """The batch path: many deliveries, one transaction (DESIGN.md "One state machine, three callers":
 "the same machine over a set of keys"; docs/how-to/batches.md).
 
-One transaction per batch: BEGIN, **one claim statement** for every key
+One transaction per batch: **one claim statement** for every key, sent with BEGIN in one round trip
 (:meth:`~consumer_kit.pipeline.operation.Operations.claim_many`), each existing row answered by
 the state machine's own :meth:`~consumer_kit.pipeline.operation.Operations.decide` (duplicate,
 conflict, in progress, ... never run), ``handle`` for each newly claimed item in delivery order on
@@ -44,7 +44,7 @@ from consumer_kit.pipeline.transaction import (
     CommitUncertain,
     StaleConnection,
     TransactionEnded,
-    begin,
+    begin_and_claim,
     commit,
     commit_forbidden,
     ensure_transaction_open,
@@ -213,13 +213,13 @@ class BatchPath:
     async def _claim_and_run(
         self, conn: psycopg.AsyncConnection[Any], pending: list[BatchItem], at_once: bool
     ) -> list[tuple[BatchItem, Verdict | None]]:
-        await begin(conn, self.settings.statement_timeout)  # StaleConnection: take another one
         with step("consumer_kit.claim", "batch", histogram="claim"):
-            xid, found = await self.operations.claim_many(
+            # BEGIN goes with the claim (one round trip); StaleConnection: take another one
+            xid, found = await begin_and_claim(conn, self.operations.claim_many(
                 conn,
                 [(i.decoded.identity, message_intent(i.decoded), i.envelope.message_id, i.decoded.handler.retention)
                  for i in pending],
-            )
+            ))
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         answered: list[tuple[BatchItem, Verdict | None]] = []
         claimed: list[BatchItem] = []

@@ -116,8 +116,8 @@ class Operations:
         conn: psycopg.AsyncConnection[Any],
         batch: Sequence[tuple[OperationIdentity, IntentUnder, str | None, Retention]],
     ) -> tuple[str | None, list[Verdict | None]]:
-        """Claim a batch of distinct operations ``(identity, intent_under, message_id,
-        retention)`` in the caller's open transaction, in one statement: the claiming
+        """Open a transaction on ``conn`` and claim a batch of distinct operations ``(identity,
+        intent_under, message_id, retention)`` in it, BEGIN and one statement in one round trip: the claiming
         transaction's id (``None``: nothing claimed) and, per operation in order, ``None`` when
         this transaction claimed it, else the existing row's :class:`Verdict` (the same
         :meth:`decide` as one claim; a row that vanished between the reads is ``in_progress``
