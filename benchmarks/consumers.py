@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expect", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--batch", type=int, default=10, help="batch variants: up to this many at once")
-    parser.add_argument("--batch-wait", type=float, default=0.005, help="batch variants: seconds to wait for more")
+    parser.add_argument("--batch-wait", type=float, default=0.02, help="batch variants: seconds to wait for more")
     parser.add_argument("--wait-go", action="store_true", help="print 'ready', start on SIGUSR1")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--no-outbox-notify", dest="outbox_notify", action="store_false")

@@ -133,7 +133,9 @@ class Worker:
                     if size > 1:
                         # Enough deliveries ahead to fill a batch in every slot (the batch path,
                         # docs/how-to/batches.md).
-                        batcher = Batcher(self.runtime.process_batch, size=size, wait=wait)
+                        batcher = Batcher(
+                            self.runtime.process_batch, size=size, wait=wait, limit=self.settings.concurrency
+                        )
                         prefetch = max(self.settings.effective_prefetch, size * self.settings.concurrency)
                         await consumer.subscribe(queue, functools.partial(self._on_batched, batcher), prefetch=prefetch)
                         continue

@@ -45,12 +45,19 @@ class Batcher:
         size: the most deliveries in one batch (>= 1).
         wait: seconds to wait for more once the first delivery is held (0: only what arrived in
             the same turn of the event loop).
+        limit: the most batches running at once (the worker's concurrency; ``None``: no limit).
+            While that many run, deliveries keep gathering and the next batch starts when one
+            ends, with what arrived meanwhile: under load, batches are full rather than many
+            small ones queueing for a slot.
     """
 
-    def __init__(self, run: RunBatch, *, size: int, wait: float) -> None:
+    def __init__(self, run: RunBatch, *, size: int, wait: float, limit: int | None = None) -> None:
         self._run = run
         self.size = size
         self.wait = wait
+        self.limit = limit
+        self._running = 0
+        self._first_held_at = 0.0  # loop time the oldest held delivery arrived
         self._held: list[tuple[Delivery, asyncio.Future[None]]] = []
         self._timer: asyncio.Handle | None = None
         self._batch_of: dict[int, asyncio.Task[None]] = {}  # id(delivery) -> the batch running it
@@ -61,13 +68,13 @@ class Batcher:
         its batch runs, the batch is cancelled (it releases what it has not settled)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
+        if not self._held:
+            self._first_held_at = loop.time()
         self._held.append((delivery, done))
         if len(self._held) >= self.size:
             self._flush()
-        elif self._timer is None:
-            # Even with no wait, yield one turn: the deliveries the adapter received together
-            # are all handed over before the batch starts.
-            self._timer = loop.call_later(self.wait, self._flush) if self.wait > 0 else loop.call_soon(self._flush)
+        elif self._timer is None and not self._full:
+            self._start_timer()
         try:
             await asyncio.shield(done)
         except asyncio.CancelledError:
@@ -78,18 +85,30 @@ class Batcher:
                 task.cancel()
             raise
 
+    def _start_timer(self) -> None:
+        """Flush ``wait`` seconds after the first held delivery arrived. Even with no wait, yield
+        one turn: the deliveries the adapter received together are all handed over first."""
+        loop = asyncio.get_running_loop()
+        due = self._first_held_at + self.wait
+        self._timer = loop.call_at(due, self._flush) if due > loop.time() else loop.call_soon(self._flush)
+
+    @property
+    def _full(self) -> bool:
+        return self.limit is not None and self._running >= self.limit
+
     def _flush(self) -> None:
+        """Start batches of what is held, as many as the limit allows; the rest waits for a
+        running batch to end (which flushes again)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        held, self._held = self._held[: self.size], self._held[self.size:]
-        if self._held:
-            self._timer = asyncio.get_running_loop().call_soon(self._flush)
-        if not held:
-            return
-        task = asyncio.create_task(self._batch(held), name="consumer-kit batch")
-        for delivery, _ in held:
-            self._batch_of[id(delivery)] = task
+        while self._held and not self._full:
+            held, self._held = self._held[: self.size], self._held[self.size:]
+            self._first_held_at = asyncio.get_running_loop().time()  # the rest waits from now
+            self._running += 1
+            task = asyncio.create_task(self._batch(held), name="consumer-kit batch")
+            for delivery, _ in held:
+                self._batch_of[id(delivery)] = task
 
     async def _batch(self, held: list[tuple[Delivery, asyncio.Future[None]]]) -> None:
         try:
@@ -97,6 +116,12 @@ class Batcher:
         finally:
             for delivery, _ in held:
                 self._batch_of.pop(id(delivery), None)
+            self._running -= 1
+            # What gathered while this batch ran: a full batch now, else when its wait is over.
+            if len(self._held) >= self.size:
+                self._flush()
+            elif self._held and self._timer is None:
+                self._start_timer()
 
     async def _run_and_tell(self, held: list[tuple[Delivery, asyncio.Future[None]]]) -> None:
         try:

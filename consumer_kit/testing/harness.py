@@ -151,7 +151,7 @@ class Harness:
         for queue in self.app.queues:
             size, wait = batch_setting(self.app, queue)
             if size > 1:  # the batch path, as the worker runs it
-                batcher = Batcher(self._on_batch, size=size, wait=wait)
+                batcher = Batcher(self._on_batch, size=size, wait=wait, limit=self.settings.concurrency)
                 await self._consumer.subscribe(
                     queue, functools.partial(self._on_batched, batcher),
                     prefetch=max(self.settings.concurrency, size * self.settings.concurrency),
