@@ -268,7 +268,7 @@ def _batch_lines(batch: dict[str, Any]) -> list[str]:
             f"{_f(e['ck_batch']['median'])} | {_ratio(e['ratio_ck_batch_naive'])} | "
             f"{_ratio(e['ratio_ck_batch_naive_batch'])} | {len(e.get('errors', []))} |"
         )
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _ratio(summary: dict[str, Any]) -> str:

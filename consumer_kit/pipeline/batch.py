@@ -21,6 +21,7 @@ propagates: the caller gives the whole batch back uncounted.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -287,7 +288,7 @@ class BatchPath:
             stored = [stored_result(result) for result in results]
         except TransactionEnded as exc:
             raise _BatchEnded(str(exc), claimed) from None
-        except Exception as exc:  # noqa: BLE001 - nobody can tell whose: run them one by one
+        except Exception as exc:
             raise _AtOnceFailed(exc) from exc
         done = []
         for item, ctx, result in zip(items, contexts, stored, strict=True):
@@ -314,7 +315,7 @@ class BatchPath:
             stored = stored_result(result)
         except TransactionEnded as exc:
             raise _BatchEnded(str(exc), claimed) from None
-        except Exception as exc:  # noqa: BLE001 - the item's fault: the rest runs without it
+        except Exception as exc:
             raise _ItemFailed(item, exc) from exc
         if item.trace is not None:
             item.trace.event_ids.extend(str(e.event_id) for e in ctx.events)
@@ -331,15 +332,11 @@ class BatchPath:
             if id(item) not in parked:
                 answered.append((item, None))
                 continue
-            identity = item.decoded.identity
-            verdict = await on_own_connection(
-                self.pool, self.settings.statement_timeout,
-                lambda conn, identity=identity, message_id=item.envelope.message_id: self.operations.park(
-                    conn, identity, message_id=message_id, error_class=TransactionEnded.__name__,
-                    why="transaction_ended", detail=detail,
-                ),
-                "parking",
+            park = functools.partial(
+                self.operations.park, identity=item.decoded.identity, message_id=item.envelope.message_id,
+                error_class=TransactionEnded.__name__, why="transaction_ended", detail=detail,
             )
+            verdict = await on_own_connection(self.pool, self.settings.statement_timeout, park, "parking")
             answered.append((item, verdict))
         return answered
 

@@ -126,7 +126,7 @@ class Batcher:
     async def _run_and_tell(self, held: list[tuple[Delivery, asyncio.Future[None]]]) -> None:
         try:
             await self._run([delivery for delivery, _ in held])
-        except BaseException as exc:  # noqa: BLE001 - handed to each delivery's callback
+        except BaseException as exc:
             for _, done in held:
                 if not done.done():
                     if isinstance(exc, asyncio.CancelledError):

@@ -242,9 +242,9 @@ class Runtime:
                     notes.span.end()
         reports = []
         for delivery in deliveries:  # 5. report
-            decoded = decoded_of[id(delivery)]
-            report = self._report(delivery, decoded, decisions[id(delivery)], started)
-            record(report, self.counters, decoded.handler.operation_type if decoded else None, traces[id(delivery)])
+            of = decoded_of[id(delivery)]
+            report = self._report(delivery, of, decisions[id(delivery)], started)
+            record(report, self.counters, of.handler.operation_type if of else None, traces[id(delivery)])
             for observe in self.hooks.observers:
                 observe(report)
             reports.append(report)
