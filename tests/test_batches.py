@@ -298,3 +298,69 @@ async def test_batches_on_rabbitmq_with_a_worker(env) -> None:  # type: ignore[n
     assert outcomes.count("payload_conflict") == 1
     assert len(await fetch_all(env.database_url, env.schema, "SELECT * FROM invoices")) == 40
     assert len(await fetch_all(env.database_url, env.schema, "SELECT * FROM outbox")) == 40
+
+
+async def test_handle_batch_runs_once_and_falls_back_item_by_item(database_url: str) -> None:
+    from examples.invoices.batches import BatchCreateInvoiceHandler
+
+    class Counting(BatchCreateInvoiceHandler):
+        calls = 0
+
+        async def handle_batch(self, batch):  # type: ignore[no-untyped-def,override]
+            type(self).calls += 1
+            return await super().handle_batch(batch)
+
+    async with throwaway_schema(database_url) as schema, runtime_for(batch_app(Counting()), database_url, schema) as rt:
+        broker = MemoryBroker()
+        for order in range(100, 110):
+            broker.send(QUEUE, command(order))
+        reports = await run_as_one_batch(broker, rt, 10)
+        assert [r.outcome for r in reports] == [Outcome.EXECUTED] * 10
+        assert Counting.calls == 1  # one call for the whole batch
+        assert len(await fetch_all(database_url, schema, "SELECT * FROM outbox")) == 10
+        # one negative amount: handle_batch raises, the batch runs again through handle() item by
+        # item; that item fails on its own (recorded), the others execute
+        for order in range(200, 205):
+            broker.send(QUEUE, command(order, amount=-1 if order == 202 else 100))
+        reports = await run_as_one_batch(broker, rt, 5)
+        assert sorted(r.outcome.value for r in reports) == ["executed"] * 4 + ["failed"]
+        assert Counting.calls == 2
+        rows = await fetch_all(database_url, schema, "SELECT order_id FROM invoices WHERE order_id >= 200 ORDER BY 1")
+        assert rows == [(200,), (201,), (203,), (204,)]
+        assert await fetch_all(database_url, schema, "SELECT key, failures FROM attempts WHERE failures > 0") == []
+
+
+async def test_a_batch_holds_the_lanes_of_its_partition_keys(database_url: str) -> None:
+    """Two deliveries of one aggregate never run at once, whether batched or alone."""
+    running: dict[str, int] = {}
+    overlaps: list[str] = []
+
+    class Laned(BatchInvoiceHandler):
+        def partition_key(self, message, envelope):  # type: ignore[no-untyped-def,override]
+            return message.customer_id
+
+        async def handle(self, message, ctx):  # type: ignore[no-untyped-def,override]
+            running[message.customer_id] = running.get(message.customer_id, 0) + 1
+            if running[message.customer_id] > 1:
+                overlaps.append(message.customer_id)
+            await asyncio.sleep(0)
+            try:
+                return await super().handle(message, ctx)
+            finally:
+                running[message.customer_id] -= 1
+
+    class Small(Laned):
+        batch_size = 4
+        batch_wait = 0.0
+
+    async with throwaway_schema(database_url) as schema, runtime_for(batch_app(Small()), database_url, schema) as rt:
+        broker = MemoryBroker()
+        batcher = Batcher(rt.process_batch, size=4, wait=0.0, limit=4)
+        for order in range(100, 140):
+            broker.send(QUEUE, command(order))
+        consumer = MemoryConsumer(broker)
+        await consumer.subscribe(QUEUE, batcher.add, prefetch=40)
+        await broker.wait_idle(30)
+        await consumer.close()
+        assert overlaps == []
+        assert len(await fetch_all(database_url, schema, "SELECT * FROM invoices")) == 40
