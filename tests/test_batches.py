@@ -364,3 +364,21 @@ async def test_a_batch_holds_the_lanes_of_its_partition_keys(database_url: str) 
         await consumer.close()
         assert overlaps == []
         assert len(await fetch_all(database_url, schema, "SELECT * FROM invoices")) == 40
+
+
+async def test_a_batch_writes_each_keys_events_in_publish_order(database_url: str) -> None:
+    """The batch's events go in partition-key order (one lock order for every batch); within a
+    key they keep the order their deliveries had (commit_seq, which the relay follows)."""
+    async with throwaway_schema(database_url) as schema, runtime_for(batch_app(), database_url, schema) as rt:
+        broker = MemoryBroker()
+        orders = [105, 101, 104, 102, 103, 100]  # customers c-0, c-2, c-2, c-0, c-1, c-1
+        for order in orders:
+            broker.send(QUEUE, command(order))
+        reports = await run_as_one_batch(broker, rt, len(orders))
+        assert {r.outcome for r in reports} == {Outcome.EXECUTED}
+        rows = await fetch_all(
+            database_url, schema,
+            "SELECT partition_key, (payload ->> 'order_id')::int FROM outbox ORDER BY partition_key, commit_seq",
+        )
+        expected = sorted(((f"c-{o % 3}", o) for o in orders), key=lambda r: (r[0], orders.index(r[1])))
+        assert rows == expected
