@@ -10,6 +10,7 @@ A module that lacks a required factory is refused when it is loaded.
 from __future__ import annotations
 
 import importlib
+from collections.abc import AsyncIterator
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Protocol, cast
@@ -17,6 +18,7 @@ from urllib.parse import urlparse
 
 from consumer_kit.broker import Consumer, DeadLetterQueues
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.model.events import WatchedEvent
 from consumer_kit.publishing import Publisher
 from consumer_kit.settings import Settings
 
@@ -41,6 +43,32 @@ class DeadLetterAdapter(BrokerAdapter, Protocol):
     """An adapter that also lists and redrives dead letters (``consumer-kit dlq``)."""
 
     def dead_letters_from_settings(self, settings: Settings, /) -> DeadLetterQueues: ...
+
+
+class EventTap(Protocol):
+    """A temporary subscription to an event destination (``consumer-kit watch``): it sees what is
+    published there once :meth:`subscribe` has returned, and leaves nothing behind at :meth:`close`."""
+
+    async def subscribe(self, destination: str, *, pattern: str) -> None:
+        """Bind to ``destination`` for routing keys matching ``pattern`` (the broker's syntax).
+
+        Raises:
+            LookupError: ``destination`` does not exist (``consumer-kit declare`` creates it).
+            ConnectionError: the broker cannot be reached.
+        """
+
+    def events(self) -> AsyncIterator[WatchedEvent]:
+        """The messages published since :meth:`subscribe`, as they arrive (endless)."""
+        ...
+
+    async def close(self) -> None:
+        """Remove the subscription and disconnect. Idempotent."""
+
+
+class TapAdapter(BrokerAdapter, Protocol):
+    """An adapter that can watch an event destination (``consumer-kit watch``)."""
+
+    def tap_from_settings(self, settings: Settings, /) -> EventTap: ...
 
 
 def adapter_for(url: str) -> ModuleType:
@@ -100,9 +128,26 @@ def open_dead_letters(settings: Settings) -> DeadLetterQueues:
     return cast(DeadLetterAdapter, adapter).dead_letters_from_settings(settings)
 
 
+def open_tap(settings: Settings) -> EventTap:
+    """The adapter's ``tap_from_settings(settings)``.
+
+    Raises:
+        ConfigurationError: the adapter cannot watch a destination (says what to use instead).
+    """
+    adapter = _adapter(settings)
+    if not callable(getattr(adapter, "tap_from_settings", None)):
+        scheme = urlparse(settings.broker_url).scheme
+        raise ConfigurationError(
+            f"consumer-kit watch supports RabbitMQ (amqp://) only, not {scheme}://: on SQS an event "
+            "destination is a queue (read it with `aws sqs receive-message`), on Service Bus a topic "
+            "(add a subscription and read it with Service Bus Explorer)"
+        )
+    return cast(TapAdapter, adapter).tap_from_settings(settings)
+
+
 def _adapter(settings: Settings) -> BrokerAdapter:
     return cast(BrokerAdapter, adapter_for(settings.broker_url))  # adapter_for checked it
 
 
 def _extra(scheme: str) -> str:
-    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus"}.get(scheme, "all")
+    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus", "nats": "nats"}.get(scheme, "all")

@@ -187,7 +187,17 @@ MARKS = frozenset({DELIVERIES, REDELIVERED, MESSAGE_ID, REDRIVEN, TRIMMED, FIRST
 def without_marks(headers: Mapping[str, Any]) -> dict[str, Any]:
     """``headers`` without any mark or signature (names matched ignoring case): what a new message
     (a relay publish) starts from, so that it never signs marks a handler passed on."""
-    return {k: v for k, v in headers.items() if not (isinstance(k, str) and k.lower() in _MARKS_LOWER | {SIGNATURE})}
+    return {k: v for k, v in headers.items() if not (isinstance(k, str) and k.lower() in _NOT_PASSED_ON)}
+
+
+def seal_new(headers: dict[Any, Any], marks: Mapping[str, str], body: bytes) -> dict[Any, Any]:
+    """:func:`seal` for a new message: ``headers`` (without any mark, see :func:`without_marks`)
+    with ``marks`` (values already in their normalised text, as :func:`seal` would read them back)
+    added and signed. Returns ``headers`` (changed in place). The relay's per-event path: it skips
+    re-reading values consumer-kit has just written."""
+    headers.update(marks)
+    headers[SIGNATURE] = mark_keys.sign(marks, body)
+    return headers
 
 
 # -- values ----------------------------------------------------------------------------------------
@@ -336,6 +346,7 @@ def _drop_unverified(headers: Headers, own: dict[str, Any], body: bytes | None) 
 
 
 _MARKS_LOWER = frozenset(name.lower() for name in MARKS)
+_NOT_PASSED_ON = _MARKS_LOWER | {SIGNATURE}
 
 
 def _read(raw: Mapping[Any, Any], body: bytes | None) -> OwnHeaders:

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from consumer_kit.model.events import PendingEvent
+from consumer_kit.model.events import OutboxEvent, PendingEvent
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.telemetry.tracing import inject_into
 
@@ -131,6 +131,19 @@ OUTBOX_MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX IF NOT EXISTS outbox_due_unkeyed_idx
             ON {schema}.outbox (available_at, id) WHERE published_at IS NULL AND partition_key IS NULL;
         DROP INDEX IF EXISTS {schema}.outbox_pending_partition_idx;
+        """,
+    ),
+    (
+        105,
+        # One outbox belongs to one broker: the relay records the broker it publishes to at its
+        # first start and refuses another while events are pending (consumer_kit.outbox_relay.binding).
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.outbox_broker (
+            singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+            broker     text        NOT NULL,
+            bound_at   timestamptz NOT NULL DEFAULT now(),
+            bound_by   text
+        );
         """,
     ),
 ]
@@ -315,7 +328,7 @@ class OutboxWriter:
 
         Raises:
             ValueError: empty destination, headers over :data:`MAX_EVENT_HEADERS_BYTES` encoded, or
-            a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
+                a partition key over :data:`MAX_PARTITION_KEY_BYTES`.
             TypeError: payload or headers not JSON-serialisable.
         """
         event = pending_event(
@@ -338,3 +351,20 @@ class OutboxWriter:
             ),
         )
         return event.event_id
+
+
+async def outbox_events(
+    conn: AsyncConnection[Any], schema: str, *, destination: str | None = None
+) -> list[OutboxEvent]:
+    """Every outbox row of ``schema`` (only ``destination``'s when given), in the order written.
+
+    For tests and inspection (the testing kit's ``Harness.outbox_events``); the relay claims rows
+    with its own statements.
+    """
+    query = sql.SQL(
+        "SELECT event_id, destination, routing_key, message_type, partition_key, payload, headers,"
+        " operation_key, published_at IS NOT NULL FROM {} WHERE %(destination)s::text IS NULL"
+        " OR destination = %(destination)s ORDER BY id"
+    ).format(sql.Identifier(schema, "outbox"))
+    cur = await conn.execute(query, {"destination": destination})
+    return [OutboxEvent(*row) for row in await cur.fetchall()]

@@ -281,3 +281,25 @@ async def failure_times(
     query = sql.SQL(_FAILURE_TIMES).format(attempts=sql.Identifier(schema, "attempts"))
     cur = await conn.execute(query, {"keys": keys})
     return {str(key): (first, last) for key, first, last in await cur.fetchall()}
+
+
+def age_text(seconds: float | None) -> str:
+    """An age in seconds as ``consumer-kit stats`` and the console print it: ``"45s"``,
+    ``"3m05s"``, ``"2h10m"``, ``"1d03h"``; ``"-"`` for none."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A latency in seconds: ``"12 ms"`` under 10 s, else ``"12.3 s"``; ``"-"`` for none."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

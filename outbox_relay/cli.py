@@ -5,6 +5,7 @@
 ``outbox-relay status``     pending, retrying, claimed, parked, oldest pending age, published/min
 ``outbox-relay requeue``    make parked rows claimable again (all, or ``--event-id`` ones)
 ``outbox-relay cleanup``    delete published rows older than the retention now
+``outbox-relay rebind``     the schema's outbox now belongs to CONSUMER_KIT_BROKER_URL's broker
 
 Settings come from ``CONSUMER_KIT_*`` environment variables (see
 :class:`consumer_kit.outbox_relay.settings.RelaySettings`; ``status``, ``requeue`` and ``cleanup`` read only
@@ -45,6 +46,7 @@ from consumer_kit.embedded import database_url
 from consumer_kit.settings import EMBEDDED
 from consumer_kit.telemetry.setup import install
 
+from .binding import rebind as rebind_broker
 from .relay import Relay
 from .settings import OutboxSettings, RelaySettings
 from .store import OutboxStore
@@ -268,6 +270,30 @@ def cleanup(
     with user_errors(settings):
         deleted = asyncio.run(go())
     typer.echo(f"deleted {deleted} published rows")
+
+
+@app.command()
+def rebind(
+    schema: Schema = None,
+    log_level: LogLevel = "WARNING",
+    library_log_level: LibraryLogLevel = "WARNING",
+) -> None:
+    """Record CONSUMER_KIT_BROKER_URL's broker as the one this schema's outbox belongs to, so the
+    relay publishes the pending events there (after moving to another broker on purpose)."""
+    setup_logging(log_level, library_log_level)
+    settings = read_settings(RelaySettings, db_schema=schema, options={"db_schema": "--schema"})
+    with user_errors(settings):
+        require_database(settings, "outbox-relay rebind")
+        require_shared_broker(settings, "outbox-relay rebind")
+
+    async def go() -> str | None:
+        async with await _connect(settings) as conn:
+            await _store(settings).check_schema(conn)
+            return await rebind_broker(conn, settings.db_schema, settings.broker_url, relay_id=settings.relay_id)
+
+    with user_errors(settings):
+        broker = asyncio.run(go())
+    typer.echo(plain(f"outbox of schema {settings.db_schema} now belongs to broker {broker}"))
 
 
 def _store(settings: OutboxSettings) -> OutboxStore:

@@ -42,6 +42,7 @@ from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
 
+from .binding import check_binding
 from .counters import RelayCounters
 from .listener import NotifyListener
 from .publishing import RowPublisher
@@ -167,6 +168,7 @@ class Relay:
                 f"cannot connect to PostgreSQL at {redact_url(self._database_url)}: {connect_error(exc)}"
             ) from None
         await self.store.check_schema(self._conn)
+        await check_binding(self._conn, self.settings.db_schema, self.settings.broker_url, relay_id=self.relay_id)
         await install_mark_keys(self._conn, self.settings)  # SQS copies carry a signed message-id mark
         self.routing.check(await self.store.pending_destinations(self._conn))
         if self._publisher is None:

@@ -54,8 +54,9 @@ from .statements import (
 if TYPE_CHECKING:
     from .settings import OutboxSettings
 
-REQUIRED_MIGRATION = 102
-"""The outbox migration that adds ``commit_seq`` (commit order per partition key)."""
+REQUIRED_MIGRATION = 105
+"""The latest outbox migration the relay relies on: 102 adds ``commit_seq`` (commit order per
+partition key), 105 the ``outbox_broker`` table (:mod:`consumer_kit.outbox_relay.binding`)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from consumer_kit.settings import Settings
 
 def test_every_registered_adapter_module_provides_the_factories() -> None:
     schemes = sorted({ep.name for ep in entry_points(group=GROUP)})
-    assert {"memory", "amqp", "sqs", "servicebus"} <= set(schemes)
+    assert {"memory", "amqp", "sqs", "servicebus", "nats"} <= set(schemes)
     for scheme in schemes:
         module = adapter_for(f"{scheme}://")
         for name in REQUIRED:

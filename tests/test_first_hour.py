@@ -94,7 +94,11 @@ def test_an_unset_database_url_is_refused_and_nothing_embedded_is_created(
     assert list(tmp_path.iterdir()) == []  # no .consumer-kit/pgdata: nothing was started
 
 
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(AS_ROOT, reason="as root the embedded database refuses (the next test)")
 def test_the_embedded_database_is_used_when_asked_for_by_name(tmp_path: Path) -> None:
     env = user_env(CONSUMER_KIT_EMBEDDED_DATA_DIR=str(tmp_path / "pgdata"))
     first = run("-m", "consumer_kit", "migrate", "--embedded", env=env, cwd=tmp_path, timeout=180)
@@ -104,6 +108,21 @@ def test_the_embedded_database_is_used_when_asked_for_by_name(tmp_path: Path) ->
                  env={**env, "CONSUMER_KIT_DATABASE_URL": "embedded"})
     assert second.returncode == 0, second.stderr
     assert second.stdout == "schema consumer_kit: up to date\n"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the refusal is for root")
+def test_the_embedded_database_as_root_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    """pgserver run as root would chmod every parent of its data directory and useradd: refused
+    before anything is created (issue 21), with the way out in the message."""
+    parents = [tmp_path, *tmp_path.parents]
+    modes = {p: p.stat().st_mode for p in parents}
+    env = user_env(CONSUMER_KIT_EMBEDDED_DATA_DIR=str(tmp_path / "pgdata"))
+    result = run("-m", "consumer_kit", "migrate", "--embedded", env=env, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: the embedded PostgreSQL does not run as root: ")
+    assert "CONSUMER_KIT_DATABASE_URL=postgresql://" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no data directory
+    assert {p: p.stat().st_mode for p in parents} == modes  # no parent opened up
 
 
 @pytest.mark.postgres
@@ -311,7 +330,7 @@ def test_declare_refuses_the_in_process_broker(cli_logging: None) -> None:
     assert result.stderr.startswith("error: consumer-kit declare needs a real broker")
 
 
-def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_readme_example() -> None:
+def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_rabbitmq_page_example() -> None:
     source = (ROOT / "examples" / "invoices" / "plain_producer.py").read_text()
     imported = set()
     for node in ast.walk(ast.parse(source)):
@@ -320,7 +339,7 @@ def test_the_plain_producer_imports_nothing_of_consumer_kit_and_is_the_readme_ex
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     assert imported == {"asyncio", "datetime", "json", "sys", "uuid", "aio_pika"}
-    assert f"```python\n{source}```" in (ROOT / "README.md").read_text()
+    assert f"```python\n{source}```" in (ROOT / "docs" / "brokers" / "rabbitmq.md").read_text()
 
 
 INVOICE_QUEUES = ["invoices.commands", "invoices.commands.dlq", *(

@@ -3,6 +3,7 @@ the bookkeeping). Codec level: every mark, forged, tampered, under another key, 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -189,3 +190,25 @@ def test_marks_packed_by_a_producer_are_dropped_too() -> None:
 def test_mark_names_are_matched_ignoring_case_when_dropped() -> None:
     reading = own.read({"X-Consumer-Kit-Redelivered": "1", "X-Original-Queue": "elsewhere"}, BODY)
     assert reading.suspect is False and not reading.headers
+
+
+@pytest.mark.parametrize("when", [
+    dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC),
+    dt.datetime(2026, 12, 1, 13, 30, 5, 123456, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))),
+    dt.datetime(1999, 1, 1, 0, 0, 0, 1, tzinfo=dt.timezone(dt.timedelta(hours=-8))),
+])
+def test_a_relay_publish_is_signed_as_seal_signs_it(when: dt.datetime) -> None:
+    """The relay's fast path (publishing.headers_to_send -> headers.seal_new) gives exactly the
+    headers the general seal gives, forged marks and a stale signature a handler passed on dropped."""
+    from consumer_kit.publishing import OutgoingMessage, headers_to_send
+
+    passed_on = {"trace": "t", own.REDELIVERED: "1", own.SIGNATURE.upper(): "x" * 22}
+    message = OutgoingMessage(destination="d", routing_key="r", message_id="m", body=b'{"n": 1}',
+                              message_type="T", headers=passed_on, first_enqueued_at=when)
+    fast = headers_to_send(message)
+    general = own.seal({**own.without_marks({**passed_on, own.MESSAGE_TYPE: "T"}),
+                        own.FIRST_ENQUEUED: when.astimezone(dt.UTC).isoformat()}, message.body)
+    assert fast == general
+    assert own.REDELIVERED not in fast and own.SIGNATURE.upper() not in fast
+    read = own.read(fast, body=message.body)
+    assert own.read_time(own.lookup(read.headers, own.FIRST_ENQUEUED)) == when  # verified, kept

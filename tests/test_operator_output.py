@@ -132,7 +132,8 @@ async def test_ledger_list_show_and_stats_print_hostile_rows_as_text_at_80_colum
     narrow = await asyncio.to_thread(consumer_kit, env, "ledger", "list")
     assert "the downstream answered 503 the downstream" in narrow  # whole words on a line
 
-    rows = json.loads(await asyncio.to_thread(consumer_kit, env, "ledger", "list", "--json"))
+    rows = json.loads(await asyncio.to_thread(
+        consumer_kit, env, "ledger", "list", "--state", "needs_reconciliation", "--json"))
     assert {row["key"] for row in rows} == {MARKUP_KEY, BIDI}  # the JSON holds the values themselves
     raw = await asyncio.to_thread(consumer_kit, env, "ledger", "show", SCOPE, MARKUP_KEY, "--bodies", "--json")
     assert raw.isascii() and "\\u001b" in raw and "\\u202e" in raw  # JSON escapes: nothing reaches the terminal

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from consumer_kit import App, Context, Outcome, RetryableError
 from consumer_kit.cli.main import cli
-from consumer_kit.cli.stats import _age
 from consumer_kit.outbox_relay import Relay, RelaySettings
+from consumer_kit.stats import age_text as _age
 from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import Env, command
 from tests.harness import fetch_all

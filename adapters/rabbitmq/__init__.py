@@ -82,6 +82,7 @@ from .envelope import (
 )
 from .limits import DEFAULT_MAX_MESSAGE_SIZE
 from .publisher import RabbitMQPublisher
+from .tap import RabbitMQTap
 from .topology import QUEUE_TYPES, broker_delivery_limit
 
 __all__ = [
@@ -100,11 +101,13 @@ __all__ = [
     "RabbitMQDeadLetters",
     "RabbitMQDelivery",
     "RabbitMQPublisher",
+    "RabbitMQTap",
     "broker_delivery_limit",
     "consumer_from_settings",
     "dead_letters_from_settings",
     "delivery_count_of",
     "publisher_from_settings",
+    "tap_from_settings",
 ]
 
 
@@ -134,9 +137,16 @@ def dead_letters_from_settings(settings: Settings) -> RabbitMQDeadLetters:
     return RabbitMQDeadLetters(settings.broker_url, timeout=settings.settle_timeout)
 
 
+def tap_from_settings(settings: Settings) -> RabbitMQTap:
+    """Entry point ``consumer_kit.brokers: amqp``: a tap on ``settings.broker_url``'s event
+    exchanges (``consumer-kit watch``), connecting within ``settings.settle_timeout`` seconds."""
+    return RabbitMQTap(settings.broker_url, timeout=settings.settle_timeout)
+
+
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    from consumer_kit.brokers import DeadLetterAdapter
+    from consumer_kit.brokers import DeadLetterAdapter, TapAdapter
 
     from .. import rabbitmq as this_module
 
     _PROVIDES: DeadLetterAdapter = this_module
+    _TAPS: TapAdapter = this_module

@@ -22,21 +22,18 @@ one whose operation completed meanwhile is answered as a duplicate, never execut
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
-import psycopg
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from consumer_kit import marks
 from consumer_kit.app import App, load_app
-from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
+from consumer_kit.broker import DeadLetterQueues
 from consumer_kit.cli.console import (
     Field,
     fail,
@@ -48,12 +45,16 @@ from consumer_kit.cli.console import (
     to_json,
     user_errors,
 )
-from consumer_kit.decoding import decode
-from consumer_kit.envelope import Envelope
-from consumer_kit.errors import InvalidMessage
-from consumer_kit.mark_setup import install_mark_keys
+from consumer_kit.operator_actions import (
+    RedriveOutcome,
+    Refused,
+    Row,
+    Selection,
+    dead_letter_rows,
+    open_dead_letter_queues,
+    redrive_dead_letters,
+)
 from consumer_kit.settings import Settings
-from consumer_kit.stats import failure_times
 
 T = TypeVar("T")
 
@@ -63,16 +64,6 @@ Queue = Annotated[str, typer.Argument(help="The work queue (as the app subscribe
 AppOption = Annotated[
     str | None, typer.Option("--app", help="package.module:attribute: compute operation keys with its handlers")
 ]
-
-
-@dataclasses.dataclass
-class Row:
-    """A dead letter as listed: the broker's facts plus the operation key and failure times."""
-
-    letter: DeadLetter
-    operation_key: str | None
-    first_failure: dt.datetime | None
-    last_failure: dt.datetime | None
 
 
 @dlq_cli.command("list")
@@ -89,7 +80,7 @@ def list_dead_letters(
     application = _app(app)
 
     async def read(dead: DeadLetterQueues) -> list[Row]:
-        return await _rows(settings, application, await dead.peek(queue, limit=limit))
+        return await dead_letter_rows(settings, application, await dead.peek(queue, limit=limit))
 
     rows = _with_dead_letters(settings, read)
     if as_json:
@@ -117,25 +108,14 @@ def redrive(
 ) -> None:
     """Move dead letters back to QUEUE, each with its operation key (a redrive of an operation that
     is done answers as a duplicate). Say which: --reason, --key or --all."""
-    if not (reason or key or everything):
-        fail("say which dead letters to redrive: --reason R, --key K or --all")
+    try:
+        selection = Selection(reason=reason, keys=frozenset(key or []), everything=everything)
+    except Refused as refused:
+        fail(str(refused))
     settings = _settings()
     application = _app(app)
-    keys = set(key or [])
-    keyless = 0  # dead letters --key could not match: no header operation-id and no --app
 
-    def select(letter: DeadLetter) -> bool:
-        nonlocal keyless
-        if reason is not None and letter.reason != reason and letter.reason.split(":", 1)[0] != reason:
-            return False
-        if not keys:
-            return True
-        found = _operation_key(application, letter)
-        if found is None and application is None:
-            keyless += 1
-        return found in keys
-
-    async def move(dead: DeadLetterQueues) -> RedriveReport:
+    async def move(dead: DeadLetterQueues) -> RedriveOutcome:
         total = await dead.count(queue)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -143,11 +123,13 @@ def redrive(
         ) as progress:
             # a description is read as markup: the queue's name goes in escaped
             task = progress.add_task(escape(f"{'checking' if dry_run else 'redriving'} {plain(queue)}"), total=total)
-            return await dead.redrive(
-                queue, select, dry_run=dry_run, progress=lambda _letter, _moved: progress.advance(task),
+            return await redrive_dead_letters(
+                dead, queue, selection, app=application, dry_run=dry_run,
+                progress=lambda _letter, _moved: progress.advance(task),
             )
 
-    report = _with_dead_letters(settings, move)
+    outcome = _with_dead_letters(settings, move)
+    report, keyless = outcome.report, outcome.keyless
     verb = "would redrive" if dry_run else "redrove"
     typer.echo(plain(f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed} (queue {queue})"))
     if keyless:
@@ -177,49 +159,13 @@ def _app(path: str | None) -> App | None:
 
 
 def _with_dead_letters(settings: Settings, work: Callable[[DeadLetterQueues], Awaitable[T]]) -> T:
-    from consumer_kit.brokers import open_dead_letters
-
     async def run() -> T:
-        if settings.database_url is not None and not settings.embedded:
-            # the deployment's mark key: which reasons, queues and counts consumer-kit wrote
-            async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
-                await install_mark_keys(conn, settings)
-        elif settings.mark_key is not None:
-            marks.install(settings.mark_key.get_secret_value().encode(), source="settings")
-        dead = open_dead_letters(settings)
-        try:
+        async with open_dead_letter_queues(settings) as dead:
             return await work(dead)
-        finally:
-            await dead.close()
 
     with user_errors(settings):
         return asyncio.run(run())
     raise AssertionError("unreachable")
-
-
-def _operation_key(app: App | None, letter: DeadLetter) -> str | None:
-    """Header ``operation-id``, else (with ``--app``) the key the queue's handler computes."""
-    if letter.operation_key or app is None:
-        return letter.operation_key
-    envelope = Envelope(letter.queue, letter.message_id, letter.headers, letter.delivery_count)
-    try:
-        return decode(app, letter.queue, letter.body, envelope).identity.key
-    except InvalidMessage:
-        return None
-
-
-async def _rows(settings: Settings, app: App | None, letters: list[DeadLetter]) -> list[Row]:
-    keys = [_operation_key(app, letter) for letter in letters]
-    times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
-    if settings.database_url is not None and not settings.embedded and any(keys):
-        async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
-            times = await failure_times(conn, settings.db_schema, sorted({k for k in keys if k}))
-    rows = []
-    for letter, key in zip(letters, keys, strict=True):
-        first, last = times.get(key or "", (None, None))
-        broker_time = letter.dead_lettered_at
-        rows.append(Row(letter, key, first or broker_time or letter.enqueued_at, broker_time or last))
-    return rows
 
 
 def _json(row: Row, show_body: bool) -> dict[str, Any]:

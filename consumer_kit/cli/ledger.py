@@ -2,7 +2,7 @@
 
     consumer-kit ledger list --state needs_reconciliation --older-than 10m [--json]
     consumer-kit ledger show SCOPE KEY [--bodies] [--json]
-    consumer-kit ledger resolve SCOPE KEY --completed|--failed --note "refund checked in the PSP"
+    consumer-kit ledger resolve SCOPE KEY --completed|--not-done|--failed --note "refund checked in the PSP"
 
 Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only. Result bodies are printed only
 with ``--bodies`` (they may hold personal data).
@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import getpass
 import re
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -36,7 +34,16 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.embedded import database_url
-from consumer_kit.ledger.inspect import STATES, LedgerInspector, OperationDetail, OperationSummary
+from consumer_kit.ledger.inspect import (
+    COMPLETED_DECISION,
+    FAILED_DECISION,
+    NOT_DONE_DECISION,
+    STATES,
+    LedgerInspector,
+    OperationDetail,
+    OperationSummary,
+)
+from consumer_kit.operator_actions import Refused, default_actor, resolve_parked
 from consumer_kit.settings import EMBEDDED, DatabaseSettings
 
 T = TypeVar("T")
@@ -64,37 +71,48 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * _UNIT_SECONDS[match[2]]
 
 
+ALL_STATES = "all"
+
+
 @ledger_cli.command("list")
 def list_operations(
-    state: Annotated[str, typer.Option(help=f"One of {', '.join(STATES)}")] = "needs_reconciliation",
+    state: Annotated[
+        str, typer.Option(help=f"{ALL_STATES} (every state), or one of {', '.join(STATES)}")
+    ] = ALL_STATES,
     older_than: Annotated[str, typer.Option(help="Not updated for this long: 30s, 10m, 2h, 1d")] = "0s",
     limit: Annotated[int, typer.Option(min=1, max=10000)] = 100,
     schema: Schema = None,
     as_json: AsJson = False,
     embedded: Embedded = False,
 ) -> None:
-    """Operations in one state, oldest first (no bodies)."""
-    if state not in STATES:
-        fail(f"--state={state}: must be one of {', '.join(STATES)}")
+    """Operations, oldest first (no bodies): every state unless --state names one; the title says
+    which states it shows (parked ones: --state needs_reconciliation)."""
+    if state != ALL_STATES and state not in STATES:
+        fail(f"--state={state}: must be {ALL_STATES} or one of {', '.join(STATES)}")
     try:
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(f"--older-than: {exc}")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit ledger list")
     inspector = LedgerInspector(settings.db_schema)
-    rows = _run(settings, lambda conn: inspector.list(conn, state, older_than=seconds, limit=limit))
+    only = None if state == ALL_STATES else state
+    rows = _run(settings, lambda conn: inspector.list(conn, only, older_than=seconds, limit=limit))
     if as_json:
         typer.echo(to_json([_jsonable(dataclasses.asdict(r)) for r in rows]))
         return
     now = dt.datetime.now(dt.UTC)
+    shown = f"state {state}" if only else f"all states ({', '.join(STATES)})"
+    older = f", not updated for {older_than}" if seconds else ""
     # scope and key are whole (folded, never cut with ...): they are what `ledger show` takes
     print_records(
-        f"{state} operations in {settings.db_schema} ({len(rows)})",
-        (Field("scope", 16), Field("key", 16), Field("attempts", 8, "right"), Field("updated", 8),
-         Field("lease", 12), Field("reason", 20)),
-        [(row.scope, row.key, row.attempts, f"{_age(now, row.updated_at)} ago", _lease(row, now),
+        f"operations in {settings.db_schema}, {shown}{older} ({len(rows)}{', limit reached' if len(rows) == limit else ''})",
+        (Field("scope", 16), Field("key", 16), Field("state", 10), Field("attempts", 8, "right"),
+         Field("updated", 8), Field("lease", 12), Field("reason", 20)),
+        [(row.scope, row.key, row.state, row.attempts, f"{_age(now, row.updated_at)} ago", _lease(row, now),
           (row.error_class or "") + (f": {row.error_detail}" if row.error_detail else "")) for row in rows],
     )
+    if only and not rows:
+        typer.echo(f"no operation in state {state}; `consumer-kit ledger list` shows every state")
 
 
 @ledger_cli.command()
@@ -107,7 +125,7 @@ def show(
     embedded: Embedded = False,
 ) -> None:
     """One operation: its row, the evidence its remote calls recorded, its attempt history."""
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit ledger show")
     inspector = LedgerInspector(settings.db_schema)
     detail = _run(settings, lambda conn: inspector.show(conn, scope, key, bodies=bodies))
     if detail is None:
@@ -127,6 +145,8 @@ def resolve(
     scope: Annotated[str, typer.Argument(help="e.g. default/email.welcome/v1")],
     key: Annotated[str, typer.Argument(help="The operation key")],
     completed: Annotated[bool, typer.Option("--completed", help="The effect happened")] = False,
+    not_done: Annotated[bool, typer.Option(
+        "--not-done", help="The effect did not happen: run again with the same downstream keys")] = False,
     failed: Annotated[bool, typer.Option("--failed", help="The effect did not happen and will not")] = False,
     note: Annotated[str, typer.Option(help="Why (kept with the row: what you checked)")] = "",
     by: Annotated[str | None, typer.Option(help="Who (default user@host)")] = None,
@@ -134,33 +154,34 @@ def resolve(
     schema: Schema = None,
     embedded: Embedded = False,
 ) -> None:
-    """Settle a parked operation (or one stuck processing under an expired lease) as completed or
-    failed. Its parked message can then be redriven: it answers as a duplicate (or the failure)."""
-    if completed == failed:
-        fail("say what happened: exactly one of --completed or --failed")
+    """Settle a parked operation (or one stuck processing under an expired lease) as completed,
+    not done or failed (audited). Its parked message can then be redriven: it answers as a
+    duplicate (or the failure), or, not done, runs the handler again with the same downstream keys."""
+    if completed + not_done + failed != 1:
+        fail("say what happened: exactly one of --completed, --not-done or --failed")
     if not note.strip():
         fail("--note is required: say what you checked (it is kept with the row)")
-    settings = _settings(schema, embedded)
-    who = by or f"{getpass.getuser()}@{socket.gethostname()}"
-    inspector = LedgerInspector(settings.db_schema)
-    state = _run(settings, lambda conn: inspector.resolve(
-        conn, scope, key, completed=completed, note=note.strip()[:2000], by=who, status=status,
-    ))
-    if state is None:
-        fail(
-            f"{scope} {key} is not parked (needs_reconciliation) nor stuck under an expired lease: "
-            "see `consumer-kit ledger show`"
-        )
+    settings = _settings(schema, embedded, "consumer-kit ledger resolve")
+    who = by or default_actor()
+    decision = COMPLETED_DECISION if completed else NOT_DONE_DECISION if not_done else FAILED_DECISION
+    try:
+        state = _run(settings, lambda conn: resolve_parked(
+            conn, settings.db_schema, scope, key, decision=decision, note=note, by=who, source="cli",
+            status=status,
+        ))
+    except Refused as refused:
+        fail(str(refused))
     typer.echo(plain(f"{scope} {key}: {state} (resolved by {who})"))
 
 
-def _settings(schema: str | None, embedded: bool) -> DatabaseSettings:
+def _settings(schema: str | None, embedded: bool, program: str) -> DatabaseSettings:
+    """The database settings of ``program`` (named in the refusal when no database is set)."""
     settings = read_settings(
         DatabaseSettings, db_schema=schema, database_url=EMBEDDED if embedded else None,
         options={"db_schema": "--schema"},
     )
     with user_errors(settings):
-        require_database(settings, "consumer-kit ledger")
+        require_database(settings, program)
     return settings
 
 

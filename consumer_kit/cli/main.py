@@ -1,5 +1,6 @@
 """The ``consumer-kit`` command: ``migrate``, ``worker``, ``declare``, ``ledger``, ``stats``, ``dlq``,
-``prune`` (the demo is an example: ``python -m examples.invoices.demo``).
+``prune``, ``console``, ``watch`` (the demo is the invoices example, installed as ``consumer_kit.demo``:
+``python -m consumer_kit.demo``).
 
 Exit codes: 0 done (a worker stopped by SIGTERM/SIGINT too), 2 a mistake the user can fix (a
 setting out of range, no database named, wrong URL, schema not migrated), printed as
@@ -37,7 +38,9 @@ from consumer_kit.cli.console import (
 from consumer_kit.cli.dlq import dlq_cli
 from consumer_kit.cli.ledger import ledger_cli
 from consumer_kit.cli.prune import prune
+from consumer_kit.cli.serve_console import console as console_command
 from consumer_kit.cli.stats import stats as stats_command
+from consumer_kit.cli.watch import watch as watch_command
 from consumer_kit.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings
@@ -228,8 +231,10 @@ async def _declare(app: App, settings: Settings) -> tuple[list[list[str]], list[
 
 cli.add_typer(ledger_cli, name="ledger")
 cli.command("stats")(stats_command)
+cli.command("watch")(watch_command)
 cli.add_typer(dlq_cli, name="dlq")
 cli.command("prune")(prune)
+cli.command("console")(console_command)
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from consumer_kit.cli.console import Embedded, Field, fail, output, print_records, to_json
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
-from consumer_kit.stats import Stats, StatsReader
+from consumer_kit.stats import Stats, StatsReader, age_text, duration_text
 
 COLUMNS = (
     ("executed", "executed"), ("lease_recovered", "recovered"), ("failed", "failed"),
@@ -42,7 +42,7 @@ def stats(
         seconds = parse_duration(since)
     except ValueError as exc:
         fail(f"--since: {exc}")
-    settings = _settings(schema, embedded)
+    settings = _settings(schema, embedded, "consumer-kit stats")
     reader = StatsReader(settings.db_schema, max_attempts=max_attempts)
     result = _run(settings, lambda conn: reader.read(conn, since=seconds))
     if as_json:
@@ -57,7 +57,7 @@ def print_stats(result: Stats, since: str, console: Console | None = None) -> No
     console = console or output()
     rows = [
         (row.operation_type, *(getattr(row, field) for field, _ in COLUMNS),
-         f"{_age(row.oldest_expired_age)} / {_age(row.oldest_reconciliation_age)}")
+         f"{age_text(row.oldest_expired_age)} / {age_text(row.oldest_reconciliation_age)}")
         for row in result.operations
     ] or [("(none)", *(0 for _ in COLUMNS), "- / -")]
     print_records(
@@ -73,27 +73,7 @@ def print_stats(result: Stats, since: str, console: Console | None = None) -> No
         "outbox",
         [Field(title, 7, "right") for title in ("pending", "oldest pending", "parked", f"published ({since})",
                                                  "commit→publish avg", "p50", "p95", "max")],
-        [(outbox.pending, _age(outbox.oldest_pending_age), outbox.parked, outbox.published,
-          *(_duration(v) for v in (outbox.latency_avg, outbox.latency_p50, outbox.latency_p95, outbox.latency_max)))],
+        [(outbox.pending, age_text(outbox.oldest_pending_age), outbox.parked, outbox.published,
+          *(duration_text(v) for v in (outbox.latency_avg, outbox.latency_p50, outbox.latency_p95, outbox.latency_max)))],
         console,
     )
-
-
-def _age(seconds: float | None) -> str:
-    """``"45s"``, ``"3m05s"``, ``"2h10m"``, ``"1d03h"``; ``"-"`` for none."""
-    if seconds is None:
-        return "-"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"

@@ -12,10 +12,11 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from consumer_kit.ledger.attempts import AttemptBook, AttemptRecord
 from consumer_kit.ledger.evidence import EvidenceBook
-from consumer_kit.model.evidence import EvidenceRecord
+from consumer_kit.model.evidence import OPERATOR_EVIDENCE, EvidenceRecord
 from consumer_kit.model.operation_row import COMPLETED, FAILED, NEEDS_RECONCILIATION, PROCESSING
 
 STATES = (PROCESSING, COMPLETED, FAILED, NEEDS_RECONCILIATION)
@@ -28,7 +29,7 @@ _SUMMARY_COLUMNS = """
 
 _LIST = """
     SELECT {columns} FROM {table}
-     WHERE state = %(state)s AND updated_at <= now() - make_interval(secs => %(older_than)s)
+     WHERE (%(state)s::text IS NULL OR state = %(state)s) AND updated_at <= now() - make_interval(secs => %(older_than)s)
        {watched}
      ORDER BY updated_at LIMIT %(limit)s
 """
@@ -49,6 +50,34 @@ _RESOLVE = """
             OR (state = 'processing' AND (lease_expires_at IS NULL OR lease_expires_at <= now())))
     RETURNING state
 """
+
+
+# "Not done": the operator checked that the remote effect did not happen. The row goes back to
+# processing under a lease that has already run out, so the next delivery (the redriven message)
+# takes it over; the operator's verdict, recorded as the operation's last evidence, tells that run
+# to call again with the same downstream keys instead of asking ``reconcile`` (which said unknown).
+_REOPEN = """
+    WITH reopened AS (
+        UPDATE {table} SET state = 'processing', lease_owner = NULL, lease_expires_at = now(),
+               updated_at = now(), watch_since = now(), resolved_by = %(by)s, resolved_at = now(),
+               resolution_note = %(note)s
+         WHERE scope = %(scope)s AND key = %(key)s
+           AND (state = 'needs_reconciliation'
+                OR (state = 'processing' AND (lease_expires_at IS NULL OR lease_expires_at <= now())))
+        RETURNING attempts
+    )
+    INSERT INTO {evidence} (scope, key, name, attempt, worker, facts)
+    SELECT %(scope)s, %(key)s, %(name)s, attempts, %(worker)s, %(facts)s FROM reopened
+    RETURNING 'processing'
+"""
+
+_STATE = "SELECT state, coalesce(lease_expires_at > now(), false) FROM {table} WHERE scope = %s AND key = %s"
+
+COMPLETED_DECISION, NOT_DONE_DECISION, FAILED_DECISION = "completed", "not_done", "failed"
+DECISIONS = (COMPLETED_DECISION, NOT_DONE_DECISION, FAILED_DECISION)
+"""What an operator may decide about a parked operation: the effect happened (``completed``), it
+did not and may be tried again with the same downstream keys (``not_done``), it did not and will
+not (``failed``)."""
 
 
 @dataclass(frozen=True)
@@ -97,14 +126,15 @@ class LedgerInspector:
         self._attempts = AttemptBook(schema, worker="operator")
 
     async def list(
-        self, conn: AsyncConnection[Any], state: str, *, older_than: float = 0.0, limit: int = 100
+        self, conn: AsyncConnection[Any], state: str | None, *, older_than: float = 0.0, limit: int = 100
     ) -> list[OperationSummary]:
-        """Operations in ``state`` not updated for ``older_than`` seconds, oldest first.
+        """Operations in ``state`` (``None``: every state) not updated for ``older_than`` seconds,
+        oldest first, at most ``limit``.
 
         Raises:
             ValueError: an unknown state.
         """
-        if state not in STATES:
+        if state is not None and state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {state!r}")
         watched = "AND watch_since IS NOT NULL" if state in _WATCHED_STATES else ""
         query = sql.SQL(_LIST).format(
@@ -137,18 +167,38 @@ class LedgerInspector:
         )
 
     async def resolve(
-        self, conn: AsyncConnection[Any], scope: str, key: str, *, completed: bool, note: str, by: str,
+        self, conn: AsyncConnection[Any], scope: str, key: str, *, decision: str, note: str, by: str,
         status: str | None = None,
     ) -> str | None:
-        """Settle a parked (or stuck, lease expired) operation as ``completed`` or ``failed``,
-        recording who, when and why. Its parked message can then be redriven: it answers as a
-        duplicate (or a replayed failure). Returns the new state, or ``None`` when the row is
-        not parked (already terminal, missing, or processing under a live lease)."""
-        cur = await conn.execute(
-            sql.SQL(_RESOLVE).format(table=self._table),
-            {"scope": scope, "key": key, "state": COMPLETED if completed else FAILED,
-             "status": status or ("resolved" if completed else "resolved_failed"), "by": by,
-             "note": note},
-        )
+        """Settle a parked (or stuck, lease expired) operation, recording who, when and why:
+        ``completed`` or ``failed`` end it (its parked message, redriven, answers as a duplicate or
+        a replayed failure); ``not_done`` reopens it so the redriven message runs the handler
+        again with the same downstream keys (see ``_REOPEN``). Returns the new state, or ``None``
+        when the row is not parked (already terminal, missing, or processing under a live lease).
+
+        Raises:
+            ValueError: ``decision`` not one of :data:`DECISIONS`.
+        """
+        if decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
+        if decision == NOT_DONE_DECISION:
+            statement = sql.SQL(_REOPEN).format(table=self._table, evidence=sql.Identifier(self.schema, "evidence"))
+            params: dict[str, Any] = {
+                "scope": scope, "key": key, "by": by, "note": note, "name": OPERATOR_EVIDENCE,
+                "worker": f"operator:{by}", "facts": Jsonb({"verdict": "not_done", "by": by, "note": note}),
+            }
+        else:
+            completed = decision == COMPLETED_DECISION
+            statement = sql.SQL(_RESOLVE).format(table=self._table)
+            params = {"scope": scope, "key": key, "state": COMPLETED if completed else FAILED,
+                      "status": status or ("resolved" if completed else "resolved_failed"), "by": by,
+                      "note": note}
+        cur = await conn.execute(statement, params)
         row = await cur.fetchone()
         return None if row is None else str(row[0])
+
+    async def state(self, conn: AsyncConnection[Any], scope: str, key: str) -> tuple[str, bool] | None:
+        """(state, whether a lease is live now) of the operation; ``None`` when there is no row."""
+        cur = await conn.execute(sql.SQL(_STATE).format(table=self._table), (scope, key))
+        row = await cur.fetchone()
+        return None if row is None else (str(row[0]), bool(row[1]))

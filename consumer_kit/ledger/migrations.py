@@ -156,6 +156,26 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
         ON CONFLICT (id) DO NOTHING;
         """,
     ),
+    (
+        7,
+        # The operator's console (`consumer-kit console`): every action taken there (a resolution,
+        # a redrive or its dry run, a body shown, a refusal) and by `consumer-kit ledger resolve`,
+        # with who, when, what and why. Append-only; read newest first.
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.audit (
+            id       bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            at       timestamptz NOT NULL DEFAULT now(),
+            actor    text        NOT NULL,
+            source   text        NOT NULL,
+            action   text        NOT NULL,
+            target   text        NOT NULL,
+            outcome  text        NOT NULL,
+            note     text        NOT NULL DEFAULT '',
+            details  jsonb       NOT NULL DEFAULT '{{}}'::jsonb
+        );
+        CREATE INDEX IF NOT EXISTS audit_at_idx ON {schema}.audit (at);
+        """,
+    ),
 ]
 
 

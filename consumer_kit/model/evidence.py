@@ -6,6 +6,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+OPERATOR_EVIDENCE = "operator"
+"""The evidence name of an operator's verdict on a parked operation (``consumer-kit ledger resolve
+--not-done``, the console): facts ``{"verdict": "not_done", "by": ..., "note": ...}``."""
+
 
 @dataclass(frozen=True)
 class EvidenceRecord:
@@ -17,3 +21,8 @@ class EvidenceRecord:
     worker: str
     facts: dict[str, Any]
     recorded_at: dt.datetime
+
+    @property
+    def operator_not_done(self) -> bool:
+        """Whether this is an operator's "not done" verdict: run again with the same downstream keys."""
+        return self.name == OPERATOR_EVIDENCE and self.facts.get("verdict") == "not_done"

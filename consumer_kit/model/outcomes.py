@@ -41,6 +41,9 @@ class DeliveryReport:
     scope: str | None = None
     operation_key: str | None = None
     reason: str | None = None
+    # what the reason is about (schema_mismatch: the field and error type, invalid_header: the
+    # header, ...): the dead letter's detail, never a value from the message
+    detail: str | None = None
     result: StoredResult | None = None
     duration_seconds: float = 0.0
     settlement_lost: bool = False  # the settlement did not reach the broker: it redelivers

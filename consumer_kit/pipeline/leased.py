@@ -213,8 +213,14 @@ class _LeasedRun:
                         lambda conn: self.path.evidence.fetch(conn, self.identity.scope, self.identity.key),
                         "reading evidence",
                     ))
-                    with step("consumer_kit.reconcile", operation_type, histogram="handler"):
-                        verdict = await within_handler_timeout(handler.reconcile(message, evidence, self.ctx), timeout)
+                    if evidence and evidence[-1].operator_not_done:
+                        # An operator checked the remote side: not done, call again (same keys).
+                        verdict = Reconciled.not_done()
+                    else:
+                        with step("consumer_kit.reconcile", operation_type, histogram="handler"):
+                            verdict = await within_handler_timeout(
+                                handler.reconcile(message, evidence, self.ctx), timeout
+                            )
                     if verdict.verdict is Reconciliation.UNKNOWN:
                         return await self._park(verdict)
                     result = verdict.result if verdict.verdict is Reconciliation.DONE else None

@@ -490,6 +490,9 @@ class Runtime:
             scope=decoded.identity.scope if decoded else None,
             operation_key=decoded.identity.key if decoded else None,
             reason=decision.reason,
+            # the dead letter's own detail (also in its header and `dlq list`); other details may
+            # describe a handler's exception and stay out of the log line
+            detail=(decision.detail or None) if decision.how is Settlement.DEAD_LETTER else None,
             result=decision.result,
             duration_seconds=time.monotonic() - started,
             settlement_lost=delivery.lost,

@@ -5,7 +5,9 @@ reasons, counts and times; never a payload, a result body or a header's value ou
 
 **The delivery line** (logger ``consumer_kit.runtime``; DEBUG for ``executed`` and ``duplicate``,
 WARNING for outcomes that need a look, INFO for the rest): as text,
-``delivery outcome=... settlement=... queue=... message_id=... ...``; as JSON
+``delivery outcome=... settlement=... queue=... message_id=... ... reason=... detail="..."`` (the
+detail names what the reason is about: the field of a ``schema_mismatch``, the header of an
+``invalid_header``); as JSON
 (``--log-format json``), one object with the fields of :data:`DELIVERY_FIELDS`.
 """
 
@@ -28,7 +30,7 @@ FIELDS_ATTRIBUTE = "consumer_kit_fields"
 """The ``LogRecord`` attribute (``extra={FIELDS_ATTRIBUTE: {...}}``) the JSON formatter merges."""
 
 DELIVERY_FIELDS = (
-    "event", "outcome", "settlement", "reason", "queue", "message_id", "delivery_count",
+    "event", "outcome", "settlement", "reason", "detail", "queue", "message_id", "delivery_count",
     "redelivered", "operation_type", "scope", "operation_key", "correlation_id", "event_ids",
     "evidence", "duration_ms", "settlement_lost",
 )
@@ -61,6 +63,7 @@ def log_delivery(report: DeliveryReport, notes: DeliveryTrace | None) -> None:
         "outcome": outcome,
         "settlement": report.settlement.value if report.settlement else None,
         "reason": report.reason,
+        "detail": report.detail,
         "queue": report.queue,
         "message_id": report.message_id,
         "delivery_count": report.delivery_count,
@@ -77,13 +80,18 @@ def log_delivery(report: DeliveryReport, notes: DeliveryTrace | None) -> None:
     logger.log(
         level,
         "delivery outcome=%s settlement=%s queue=%s message_id=%s delivery_count=%s scope=%s "
-        "operation_key=%s correlation_id=%s event_ids=%s evidence=%s reason=%s duration_ms=%.1f",
+        "operation_key=%s correlation_id=%s event_ids=%s evidence=%s reason=%s detail=%s duration_ms=%.1f",
         outcome, fields["settlement"], report.queue, report.message_id, report.delivery_count,
         report.scope, report.operation_key, correlation_id, ",".join(event_ids) or None,
         ",".join(_evidence_text(name, ids) for name, ids in evidence) or None, report.reason,
-        report.duration_seconds * 1000,
+        _quoted(report.detail), report.duration_seconds * 1000,
         extra={FIELDS_ATTRIBUTE: fields},
     )
+
+
+def _quoted(detail: str | None) -> str | None:
+    """The detail in double quotes (it holds spaces: ``"amount_cents: int_parsing"``)."""
+    return None if not detail else json.dumps(detail, ensure_ascii=False)
 
 
 def _evidence_text(name: str, ids: Mapping[str, str]) -> str:

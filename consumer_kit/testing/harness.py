@@ -36,8 +36,10 @@ from consumer_kit.broker import Delivery
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.handler import Handler
 from consumer_kit.ledger import migrate
+from consumer_kit.model.events import OutboxEvent
 from consumer_kit.model.operation_row import COMPLETED, FAILED
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
+from consumer_kit.outbox import outbox_events
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.batching import Batcher, batch_setting
 from consumer_kit.pipeline.crashpoints import CrashPoint
@@ -344,6 +346,16 @@ class Harness:
         )
         names = ("scope", "key", "state", "fingerprint", "result_status", "attempts")
         return [dict(zip(names, row, strict=True)) for row in rows]
+
+    async def outbox_events(self, destination: str | None = None) -> list[OutboxEvent]:
+        """The events your handlers wrote to the outbox (``ctx.publish``), in the order written:
+        :class:`~consumer_kit.model.events.OutboxEvent` objects with ``destination``,
+        ``routing_key``, ``message_type``, ``partition_key``, ``payload`` (decoded JSON),
+        ``headers``, ``operation_key`` and ``published`` (the harness runs no relay: ``False``).
+        Only ``destination``'s events when given. A duplicate writes no second event, so after
+        ``deliver(message, times=5)`` a handler that publishes once shows one event here."""
+        async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
+            return await outbox_events(conn, self.schema, destination=destination)
 
     def dead_letters(self, handler: Handler[Any] | None = None) -> list[tuple[str, str]]:
         """``(reason, detail)`` of every message dead-lettered from ``handler``'s queue."""

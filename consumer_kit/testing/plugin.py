@@ -32,6 +32,25 @@ if TYPE_CHECKING:
     from consumer_kit.testing.harness import Harness
 
 KIT_FIXTURES = frozenset({"ck_database_url", "ck_memory_broker", "consumer_kit_harness"})
+_LOOP_SCOPE_INI = "asyncio_default_fixture_loop_scope"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Give pytest-asyncio the fixture loop scope it will default to, ``function``, when the
+    project sets none: otherwise pytest-asyncio (>= 0.24) prints a PytestDeprecationWarning on
+    every run of a project that merely installed ``consumer-kit[testing]`` (an error under
+    ``-W error``). A project's own ``asyncio_default_fixture_loop_scope`` setting wins."""
+    if not config.pluginmanager.hasplugin("asyncio"):
+        return
+    try:
+        if config.getini(_LOOP_SCOPE_INI):
+            return
+    except ValueError:  # a pytest-asyncio too old to know the setting: it does not warn either
+        return
+    # pytest has no public setter for an ini value; getini reads this cache first (pytest >= 3).
+    # tests/test_packaging.py runs the user project with -W error, so a change here fails there.
+    config._inicache[_LOOP_SCOPE_INI] = "function"
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -31,7 +31,8 @@ from consumer_kit.http import (
     IdempotentRoute,
     OperationFailed,
 )
-from examples.invoices.app import CreateInvoice
+
+from .app import CreateInvoice
 
 QUEUE = "invoices.commands"
 DOCS_PATH = "/docs/idempotency"

@@ -1,8 +1,9 @@
 """The demo: the invoices example against the embedded PostgreSQL and the memory broker.
 
-Run it from the repository root with ``python -m examples.invoices.demo``. It lives with the
-example (not in ``consumer_kit``) because it wires everything together: the core, the memory
-adapter and the relay; the core does not import it.
+Run it with ``python -m consumer_kit.demo`` (installed: this folder, ``examples/invoices``, installs
+as ``consumer_kit.demo``) or, from a clone, ``python -m examples.invoices.demo``. It lives with the
+example (not in the core) because it wires everything together: the core, the memory adapter and
+the relay; the core does not import it. Imports of this folder are relative, so both names work.
 
 It sends commands in phases (unique ones, duplicates sequential and concurrent, a resend with
 only ``requested_at`` changed, a conflicting amount, invalid bodies, a permanent failure and its
@@ -27,7 +28,7 @@ from rich.table import Table
 
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit.broker import Delivery
-from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging
+from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging, user_errors
 from consumer_kit.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
@@ -37,7 +38,8 @@ from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.runtime import Runtime, open_pool
 from consumer_kit.settings import Settings
-from examples.invoices.app import app, create_tables
+
+from .app import app, create_tables
 
 DEMO_SCHEMA = "consumer_kit_demo"
 QUEUE = "invoices.commands"
@@ -206,11 +208,15 @@ def _where(url: str) -> str:
 def main(log_level: LogLevel = "ERROR", library_log_level: LibraryLogLevel = "WARNING") -> None:
     """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
 
-    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL; the broker is the
+    Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL (the ``embedded`` extra;
+    not as root); the broker is the
     in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
     Exit code 0 when every balance equals the sum of the unique commands."""
     setup_logging(log_level, library_log_level)
-    raise typer.Exit(asyncio.run(run_demo(read_settings(Settings))))
+    settings = read_settings(Settings)
+    with user_errors(settings):  # no pgserver, root, no server: one `error:` line, exit 2
+        code = asyncio.run(run_demo(settings))
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Send CreateInvoice to the invoices example with aio-pika alone: no consumer-kit import, so it
-shows what a producer in any language sends (README, "Sending commands from any producer").
+shows what a producer in any language sends (docs/brokers/rabbitmq.md, "Send commands from any producer").
 
     python examples/invoices/plain_producer.py amqp://guest:guest@127.0.0.1:5672/ 418 2
 """

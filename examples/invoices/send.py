@@ -20,7 +20,8 @@ from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Sett
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.cli.console import fail, read_settings, require_shared_broker, setup_logging
 from consumer_kit.redaction import redact_url
-from examples.invoices.app import CreateInvoice
+
+from .app import CreateInvoice
 
 QUEUE = "invoices.commands"
 

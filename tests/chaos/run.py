@@ -56,6 +56,12 @@ second run reads the first one's marker as a crash). Runs alone last millisecond
 worker is SIGKILLed every ~16 s on average, so even one such crash is rare: seed 7 counted none,
 in the CI-sized run and in the 10-minute run alike, so the killer keeps its pace.
 
+**On NATS JetStream** (``--broker-url nats://...``): the same run, with the run's own streams
+(``ck-chaos_<tag>_commands``, its ``_dlq``, ``_events``; deleted at the end) instead of a vhost,
+events captured from the events stream by an ephemeral consumer, depths and dead letters read from
+the streams. NATS has no way to close another client's connection from here (no system account):
+the killer's connection closes are RabbitMQ's only (``connection_closes`` stays 0).
+
 Isolation on a shared machine: the run uses its own RabbitMQ virtual host (created and deleted
 with ``rabbitmqctl``), so closing connections touches only this run's (``--close-all`` uses
 ``rabbitmqctl close_all_connections`` instead, for a dedicated broker), and its own PostgreSQL
@@ -85,7 +91,9 @@ from typing import Any
 from urllib.parse import quote, urlparse, urlunparse
 
 import aio_pika
+import nats
 import psycopg
+from nats.js.errors import NotFoundError
 from psycopg import sql
 
 from tests.chaos.app import POISON_ACCOUNT, command_body, create_tables
@@ -173,7 +181,11 @@ class Chaos:
         self.admin_url = args.database_url  # where the run's own database is created and dropped
         self.database_url = _with_database(args.database_url, self.dbname)
         base = urlparse(args.broker_url)
-        self.broker_url = urlunparse(base._replace(path="/" + quote(self.vhost, safe="")))
+        self.on_nats = base.scheme == "nats"
+        self.broker_url = args.broker_url if self.on_nats else urlunparse(
+            base._replace(path="/" + quote(self.vhost, safe="")))
+        self.nats: Any = None  # the observer's NATS client (on NATS)
+        self.streams = [re.sub(r"[^A-Za-z0-9_-]", "_", n) for n in (self.queue, self.events)]
         self.logdir = Path(args.logdir or f"/tmp/{self.appname}")
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -294,15 +306,19 @@ class Chaos:
     # -- set-up and tear-down -------------------------------------------------------------------
 
     async def setup(self) -> None:
-        _rabbitmqctl("add_vhost", self.vhost)
-        self.vhost_created = True
-        _rabbitmqctl("set_permissions", "-p", self.vhost, urlparse(self.args.broker_url).username or "guest",
-                     ".*", ".*", ".*")
+        if not self.on_nats:
+            _rabbitmqctl("add_vhost", self.vhost)
+            self.vhost_created = True
+            _rabbitmqctl("set_permissions", "-p", self.vhost, urlparse(self.args.broker_url).username or "guest",
+                         ".*", ".*", ".*")
         async with await psycopg.AsyncConnection.connect(self.admin_url, autocommit=True) as conn:
             await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.dbname)))
         self.database_created = True
         async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:
             await create_tables(conn, self.schema)
+        if self.on_nats:
+            await self._setup_nats()
+            return
         self.connection = await aio_pika.connect_robust(self.broker_url)
         channel = await self.connection.channel()
         exchange = await channel.declare_exchange(self.events, aio_pika.ExchangeType.TOPIC, durable=True)
@@ -311,9 +327,31 @@ class Chaos:
         await capture.consume(self._on_event)
         self.publish_channel = await self.connection.channel(publisher_confirms=True)
 
+    async def _setup_nats(self) -> None:
+        """The events stream and an ephemeral consumer that captures every event published."""
+        self.nats = await nats.connect(self.broker_url.split("?", 1)[0])
+        js = self.nats.jetstream()
+        events = self.streams[1]
+        await js.add_stream(name=events, subjects=[self.events, f"{self.events}.>"])
+
+        async def on_event(msg: Any) -> None:
+            self.received_ids[(msg.headers or {}).get("Nats-Msg-Id", "<none>")] += 1
+            await msg.ack()
+
+        await js.subscribe(f"{self.events}.>", stream=events, cb=on_event, manual_ack=True)
+        self.js = js
+
     async def teardown(self) -> None:
         if self.connection is not None:
             await self.connection.close()
+        if self.nats is not None:
+            if not self.args.keep:
+                for name in (self.streams[0], f"{self.streams[0]}_dlq", self.streams[1]):
+                    try:
+                        await self.js.delete_stream(name)
+                    except NotFoundError:
+                        pass
+            await self.nats.close()
         if self.args.keep:
             print(f"kept: database {self.dbname} (schema {self.schema}), vhost {self.vhost}", file=sys.stderr)
             return
@@ -330,6 +368,12 @@ class Chaos:
         await message.ack()
 
     async def _queue_ready(self) -> bool:
+        if self.on_nats:
+            try:
+                await self.js.stream_info(self.streams[0])
+                return True
+            except NotFoundError:
+                return False
         assert self.connection is not None
         channel = await self.connection.channel()
         try:
@@ -375,19 +419,26 @@ class Chaos:
             op, amount, account = await outgoing.get()
             message_id = str(uuid.uuid4())
             try:
-                await self.publish_channel.default_exchange.publish(
-                    aio_pika.Message(
-                        command_body(op, amount, account), message_id=message_id,
-                        headers={"operation-id": op, "message-type": "ChaosCommand"},
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=self.queue,
-                )
+                if self.on_nats:
+                    await self.js.publish(self.queue, command_body(op, amount, account), headers={
+                        "operation-id": op, "message-type": "ChaosCommand", "Nats-Msg-Id": message_id})
+                else:
+                    await self._publish_amqp(op, amount, account, message_id)
                 self.summary.copies_sent += 1
                 if account == POISON_ACCOUNT:
                     self.poison_ids.append(message_id)
             finally:
                 outgoing.task_done()
+
+    async def _publish_amqp(self, op: str, amount: int, account: str, message_id: str) -> None:
+        await self.publish_channel.default_exchange.publish(
+            aio_pika.Message(
+                command_body(op, amount, account), message_id=message_id,
+                headers={"operation-id": op, "message-type": "ChaosCommand"},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            routing_key=self.queue,
+        )
 
     async def killer(self, until: float) -> None:
         loop = asyncio.get_running_loop()
@@ -406,7 +457,7 @@ class Chaos:
             if loop.time() >= next_pg:
                 await self._terminate_backends()
                 next_pg = loop.time() + rng.uniform(8, 16)
-            if loop.time() >= next_amqp:
+            if loop.time() >= next_amqp and not self.on_nats:
                 await asyncio.to_thread(self._close_connections)
                 next_amqp = loop.time() + rng.uniform(10, 20)
 
@@ -485,7 +536,12 @@ class Chaos:
         if any(e not in self.received_ids for e in event_ids or []):
             return False
         # The poison's copies are in the queue (ready or unacked) until they are parked.
-        return all(n == 0 for _, n in await asyncio.to_thread(self._queue_depths))
+        return all(n == 0 for _, n in await self._depths())
+
+    async def _depths(self) -> list[tuple[str, int]]:
+        if self.on_nats:
+            return [(self.queue, int((await self.js.stream_info(self.streams[0])).state.messages))]
+        return await asyncio.to_thread(self._queue_depths)
 
     def _queue_depths(self) -> list[tuple[str, int]]:
         out = _rabbitmqctl("list_queues", "-p", self.vhost, "name", "messages", "--no-table-headers")
@@ -497,6 +553,9 @@ class Chaos:
         return depths
 
     async def collect_dead_letters(self) -> None:
+        if self.on_nats:
+            await self._collect_nats_dead_letters()
+            return
         assert self.connection is not None
         channel = await self.connection.channel()
         dlq = await channel.declare_queue(self.queue + ".dlq", passive=True)
@@ -512,6 +571,20 @@ class Chaos:
                 str(headers.get("operation-id")), str(headers.get("x-dead-letter-reason"))
             )
         await channel.close()
+
+    async def _collect_nats_dead_letters(self) -> None:
+        dlq = f"{self.streams[0]}_dlq"
+        state = (await self.js.stream_info(dlq)).state
+        for seq in range(int(state.first_seq or 1), int(state.last_seq or 0) + 1):
+            try:
+                raw = await self.js.get_msg(dlq, seq=seq)
+            except NotFoundError:
+                continue
+            headers = raw.headers or {}
+            self.dead_copies += 1  # at least once, as on RabbitMQ
+            self.dead[headers.get("x-consumer-kit-message-id") or f"<none-{self.dead_copies}>"] = (
+                str(headers.get("operation-id")), str(headers.get("x-dead-letter-reason"))
+            )
 
     def read_logs(self) -> None:
         """Count what the processes logged: pauses and tracebacks (but aio-pika's own, which
@@ -567,7 +640,7 @@ class Chaos:
         if self.unexpected:
             v.append(f"{len(self.unexpected)} processes exited on their own without the poison, e.g. "
                      f"{self.unexpected[:3]}")
-        for name, depth in await asyncio.to_thread(self._queue_depths):
+        for name, depth in await self._depths():
             if depth:
                 v.append(f"queue {name} still holds {depth} messages")
 

@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.contract.nats_driver import nats_url  # noqa: F401 - fixture
+
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.rabbitmq]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-def _missing() -> str | None:
-    if not shutil.which("rabbitmqctl"):
+def _missing(*, rabbitmqctl: bool = True) -> str | None:
+    if rabbitmqctl and not shutil.which("rabbitmqctl"):
         return "rabbitmqctl is not on PATH (the chaos run creates a vhost and closes connections with it)"
     for tool in ("consumer-kit", "outbox-relay"):
         if not (shutil.which(tool) or Path(sys.executable).with_name(tool).exists()):
@@ -35,6 +37,20 @@ def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path,
     reason = _missing()
     if reason:
         pytest.skip(reason)
+    _run_and_check(database_url, rabbitmq_url, tmp_path, batch)
+
+
+@pytest.mark.parametrize("batch", ["1", "10"], ids=["per-delivery", "batches-of-10"])
+def test_bounded_chaos_run_on_nats(database_url: str, nats_url: str, tmp_path: Path, batch: str) -> None:  # noqa: F811 - fixture
+    """The same run on NATS JetStream, only the broker URL changed (``ack_wait=10``: a killed
+    worker's deliveries come back within the drain)."""
+    reason = _missing(rabbitmqctl=False)
+    if reason:
+        pytest.skip(reason)
+    _run_and_check(database_url, f"{nats_url}?ack_wait=10", tmp_path, batch)
+
+
+def _run_and_check(database_url: str, broker_url: str, tmp_path: Path, batch: str = "1") -> None:
     duration = os.environ.get("CK_CHAOS_DURATION", "45")
     window = os.environ.get("CK_CHAOS_READ_ONLY_WINDOW", "8")
     summary_file = tmp_path / "summary.json"
@@ -42,7 +58,7 @@ def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path,
         [sys.executable, "-m", "tests.chaos.run", "--seed", os.environ.get("CK_CHAOS_SEED", "7"),
          "--duration", duration, "--rate", "15", "--drain-timeout", "60",
          "--read-only-window", window, "--poison-copies", "2", "--batch", batch,
-         "--database-url", database_url, "--broker-url", rabbitmq_url,
+         "--database-url", database_url, "--broker-url", broker_url,
          "--logdir", str(tmp_path / "logs"), "--summary-json", str(summary_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=float(duration) + 150,
     )

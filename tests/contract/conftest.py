@@ -20,6 +20,7 @@ from examples.invoices.app import CreateInvoiceHandler
 from tests.contract.driver import Driver
 from tests.contract.memory_driver import MemoryDriver
 from tests.contract.moto_server import sqs_endpoint  # noqa: F401 - fixture
+from tests.contract.nats_driver import NATSDriver, nats_url  # noqa: F401 - fixture
 from tests.contract.rabbitmq_driver import RabbitMQDriver
 from tests.contract.servicebus_driver import ServiceBusDriver
 from tests.contract.sqs_driver import SQSDriver
@@ -31,6 +32,7 @@ DRIVERS: dict[str, Callable[[pytest.FixtureRequest, str], Driver]] = {
     "rabbitmq": lambda request, queue: RabbitMQDriver(queue, request.getfixturevalue("rabbitmq_url")),
     "sqs": lambda request, queue: SQSDriver(queue, request.getfixturevalue("sqs_endpoint")),
     "servicebus": lambda request, queue: ServiceBusDriver(queue, request.getfixturevalue("sb_server")),
+    "nats": lambda request, queue: NATSDriver(queue, request.getfixturevalue("nats_url")),
 }
 
 

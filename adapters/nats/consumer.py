@@ -1,0 +1,206 @@
+"""The consuming side: one pull loop per queue, the heartbeat, pause and resume.
+
+* **Pulling**: :mod:`consumer_kit.adapters.nats.subscription` (``fetch`` up to 64, ``fetch_wait``).
+* Every delivery runs in a task of its own (:class:`~consumer_kit.broker.CallbackTasks`), at most
+  ``prefetch`` held; with ``ordered=true`` JetStream itself hands out one message at a time.
+* **Peek-lock**: :mod:`consumer_kit.adapters.nats.renewal` sends ``in_progress()`` for every held
+  delivery until it is settled or left to lapse.
+* **Pause / resume**: a paused consumer starts no new pull (what the pull in flight brings is given
+  back at once, uncounted); resume pulls again.
+* **Stop / close**: ``stop_consuming`` ends the pull loops; ``close`` waits for the pulls in flight
+  (at most ``fetch_wait`` plus 5 s), cancels the deliveries still running (the runtime releases
+  them), gives back the held deliveries that never ran and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
+from consumer_kit.supervised import Supervised, all_running
+
+from .config import NATSConfig
+from .connection import NATSConnection
+from .delivery import NATSDelivery
+from .errors import describe, is_unreachable
+from .renewal import Heartbeat
+from .subscription import Subscription
+from .topology import QueueInfo, ensure_queue, recommended_max_deliver
+
+logger = logging.getLogger(__name__)
+
+_CLOSE_MARGIN = 5.0  # seconds a closing consumer waits beyond fetch_wait
+
+
+class NATSConsumer(Consumer):
+    """Consume JetStream work queues through durable pull consumers.
+
+    Args:
+        config: the parsed ``nats://`` URL.
+        max_deliveries, crash_limit: the runtime's bounds (``max_deliver`` is set well above them).
+        settle_timeout: seconds; the bound on each settlement.
+        handler_timeout: seconds; only checked against ``ack_wait`` without a heartbeat (WARNING).
+        connection: a :class:`NATSConnection` to use (tests); default: its own.
+
+    Attributes:
+        heartbeat: the ``in_progress()`` heartbeat (``extensions``).
+    """
+
+    def __init__(
+        self, config: NATSConfig, *, max_deliveries: int = 5, crash_limit: int = 3, settle_timeout: float = 10.0,
+        handler_timeout: float | None = None, connection: NATSConnection | None = None,
+    ) -> None:
+        if max_deliveries < 1 or crash_limit < 1:
+            raise ValueError("max_deliveries and crash_limit must be >= 1")
+        if settle_timeout <= 0:
+            raise ValueError("settle_timeout must be > 0 seconds")
+        self.config = config
+        self._owns_connection = connection is None
+        self.connection = connection or NATSConnection(config)
+        self._max_deliver = config.max_deliver or recommended_max_deliver(max_deliveries, crash_limit)
+        if self._max_deliver <= max_deliveries + crash_limit:
+            logger.warning("max_deliver=%s is not above max_deliveries + crash_limit=%s: JetStream may stop "
+                           "delivering a message before consumer-kit dead-letters it",
+                           self._max_deliver, max_deliveries + crash_limit)
+        self._settle_timeout = settle_timeout
+        self._handler_timeout = handler_timeout
+        self.heartbeat = Heartbeat(enabled=config.heartbeat)
+        self._subscriptions: dict[str, Subscription] = {}
+        self._pullers: dict[str, Supervised] = {}
+        self._handlers = CallbackTasks()
+        self._releases: set[asyncio.Task[None]] = set()
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._consuming = True
+        self._closed = False
+
+    @property
+    def ready(self) -> bool:
+        """True while connected, the last pull of every queue worked and no task is down."""
+        return (
+            not self._closed and self.connection.connected
+            and not any(s.failing for s in self._subscriptions.values())
+            and all_running([*self._pullers.values(), *self.heartbeat.supervised()])
+        )
+
+    def subscription(self, queue: str) -> Subscription:
+        return self._subscriptions[queue]
+
+    async def _queue(self, queue: str) -> QueueInfo:
+        try:
+            js = await self.connection.jetstream()
+            return await ensure_queue(js, queue, ack_wait=self.config.ack_wait, max_deliver=self._max_deliver,
+                                      ordered=self.config.ordered)
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise ConnectionError(f"NATS cannot be reached: {describe(exc)}") from exc
+            raise
+
+    async def subscribe(self, queue: str, callback: DeliveryCallback, *, prefetch: int) -> None:
+        """Create or update ``queue``'s streams and durable consumer (:mod:`consumer_kit.adapters.nats.topology`)
+        and start pulling, holding at most ``prefetch`` deliveries.
+
+        Raises:
+            ValueError: ``queue`` is already subscribed or ``prefetch`` < 1.
+            RuntimeError: the consumer was stopped or closed.
+            ConfigurationError: an invalid name, or JetStream refused a stream or the consumer.
+            ConnectionError: NATS cannot be reached.
+        """
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        if self._closed or not self._consuming:
+            raise RuntimeError("consumer is stopped")
+        if queue in self._subscriptions:
+            raise ValueError(f"queue {queue!r} is already subscribed")
+        info = await self._queue(queue)
+        js = await self.connection.jetstream()
+        pull = await js.pull_subscribe_bind(durable=info.durable, stream=info.stream)
+        subscription = Subscription(
+            info, pull, callback, prefetch, js=js, heartbeat=self.heartbeat,
+            max_payload=await self.connection.max_payload(), fetch_wait=self.config.fetch_wait,
+            settle_timeout=self._settle_timeout, wanted=self._wants_deliveries, dispatch=self._dispatch,
+        )
+        self._subscriptions[queue] = subscription
+        self._pullers[queue] = Supervised(
+            f"consumer-kit nats pull {queue}", lambda: subscription.pull_until_stopped(self._resumed)
+        ).start()
+        timeout = self._handler_timeout
+        if timeout is not None and not self.heartbeat.enabled and timeout >= info.ack_wait:
+            logger.warning("heartbeat=off and handler_timeout=%ss is not below ack_wait=%ss on queue=%s: a slow "
+                           "handler's message is handed out again while it runs", timeout, info.ack_wait, queue)
+        logger.info("consuming queue=%s (stream %s) prefetch=%s ack_wait=%ss max_deliver=%s dead letters to %s",
+                    queue, info.stream, prefetch, info.ack_wait, self._max_deliver, info.dlq_stream)
+
+    async def declare(self, queue: str) -> list[str]:
+        """Create ``queue``'s work-queue stream, dead-letter stream and durable consumer where they
+        do not exist (``consumer-kit declare``); returns the stream names and the consumer's.
+        Idempotent. Raises as :meth:`subscribe`."""
+        info = await self._queue(queue)
+        return [info.stream, info.dlq_stream, f"{info.stream}/{info.durable}"]
+
+    async def pause(self) -> None:
+        if self._resumed.is_set():
+            self._resumed.clear()
+            logger.info("paused consuming queues=%s", ",".join(self._subscriptions))
+
+    async def resume(self) -> None:
+        if not self._resumed.is_set() and self._consuming:
+            self._resumed.set()
+            logger.info("resumed consuming queues=%s", ",".join(self._subscriptions))
+
+    async def stop_consuming(self) -> None:
+        self._consuming = False
+        for subscription in self._subscriptions.values():
+            subscription.stop()
+        self._resumed.set()  # a paused loop wakes up to see it is stopped
+
+    async def close(self) -> None:
+        """Stop consuming, give back every held delivery (module docstring), close the connection."""
+        if self._closed:
+            return
+        await self.stop_consuming()
+        await asyncio.gather(*(p.wait_finished(self.config.fetch_wait + _CLOSE_MARGIN) for p in self._pullers.values()))
+        self._closed = True
+        await self._handlers.cancel(self._settle_timeout)
+        for subscription in self._subscriptions.values():
+            for delivery in subscription.unsettled():
+                self._give_back(delivery)
+        if self._releases:
+            await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
+        await self.heartbeat.close()
+        for puller in self._pullers.values():
+            puller.cancel()
+        for subscription in self._subscriptions.values():
+            try:
+                await subscription.pull.unsubscribe()
+            except Exception as exc:  # noqa: BLE001 - closing anyway
+                logger.debug("unsubscribe of queue=%s failed (%s)", subscription.queue, type(exc).__name__)
+        if self._owns_connection:
+            await self.connection.close()
+
+    # -- deliveries --------------------------------------------------------------------------
+
+    def _wants_deliveries(self) -> bool:
+        return self._consuming and self._resumed.is_set() and not self._closed
+
+    def _dispatch(self, subscription: Subscription, delivery: NATSDelivery) -> None:
+        if not self._wants_deliveries():  # pulled while pausing or closing: back at once, never cancelled
+            self._give_back(delivery)
+            return
+        self._handlers.start(self._handle(subscription, delivery))
+
+    async def _handle(self, subscription: Subscription, delivery: NATSDelivery) -> None:
+        try:
+            await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
+        except asyncio.CancelledError:
+            raise  # closing: close() gives back what is still unsettled
+        except BaseException:
+            subscription.leave_to_lapse(delivery)  # e.g. SimulatedCrash straight from a callback
+            raise
+        subscription.leave_to_lapse(delivery)  # no-op when settled, as it should be
+
+    def _give_back(self, delivery: NATSDelivery) -> None:
+        task = asyncio.create_task(delivery.release(), name="consumer-kit nats release")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)

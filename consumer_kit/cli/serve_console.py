@@ -1,0 +1,84 @@
+"""``consumer-kit console APP``: serve the operator's console (:mod:`consumer_kit.console_web`).
+
+    consumer-kit console myapp.main:app [--host 127.0.0.1] [--port 8765] [--read-only]
+                         [--user-header X-Forwarded-User] [--operator NAME]
+
+Needs ``CONSUMER_KIT_DATABASE_URL`` (the ledger, the audit table) and ``CONSUMER_KIT_BROKER_URL``
+(the dead letters of the app's queues). The token comes from ``CONSUMER_KIT_CONSOLE_TOKEN``, or
+is made at random and printed once, in the URL to open. Needs the ``console`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from typing import Annotated
+
+import typer
+
+from consumer_kit.cli.console import (
+    fail,
+    read_settings,
+    require_database,
+    require_shared_broker,
+    user_errors,
+)
+from consumer_kit.listen_address import check_host
+from consumer_kit.operator_actions import default_actor
+from consumer_kit.settings import Settings
+
+TOKEN_VARIABLE = "CONSUMER_KIT_CONSOLE_TOKEN"
+MIN_TOKEN_CHARS = 16
+
+
+def console(
+    app: Annotated[str, typer.Argument(help="The App, as package.module:attribute")],
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this host only)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on")] = 8765,
+    read_only: Annotated[bool, typer.Option("--read-only", help="Show everything, change nothing")] = False,
+    user_header: Annotated[str | None, typer.Option(
+        help="Trust this header as the authenticated user (set by a reverse proxy that strips it from "
+        "clients); then no token is asked for")] = None,
+    operator: Annotated[str | None, typer.Option(help="Who the token holder is in the audit (default user@host)")] = None,
+    max_attempts: Annotated[
+        int, typer.Option(min=1, envvar="CONSUMER_KIT_RELAY_MAX_ATTEMPTS", help="The relay's parking bound")
+    ] = 20,
+) -> None:
+    """Serve the operator's console: parked operations to decide, dead letters to redrive,
+    pressure. Every action is audited (table ``audit``)."""
+    try:
+        import uvicorn
+
+        from consumer_kit.console_web import ConsoleConfig, create_app
+    except ImportError as exc:
+        fail(f"the console needs its extra: pip install 'consumer-kit[console]' ({exc})")
+    try:
+        bind = check_host(host)
+    except ValueError as exc:
+        fail(f"--host={host}: {exc}")
+    token = os.environ.get(TOKEN_VARIABLE, "")
+    if token and len(token) < MIN_TOKEN_CHARS:
+        fail(f"{TOKEN_VARIABLE} must be at least {MIN_TOKEN_CHARS} characters (e.g. from `openssl rand -hex 24`)")
+    printed = not token and user_header is None
+    token = token or secrets.token_urlsafe(24)
+    settings = read_settings(Settings)
+    sys.path.insert(0, os.getcwd())
+    with user_errors(settings):
+        require_database(settings, "consumer-kit console")
+        require_shared_broker(settings, "consumer-kit console")
+        from consumer_kit.app import load_app
+
+        application = load_app(app)
+    config = ConsoleConfig(
+        settings=settings, app=application, token=token, user_header=user_header, read_only=read_only,
+        relay_max_attempts=max_attempts, actor=operator or default_actor(),
+    )
+    shown = f"[{bind}]" if ":" in bind else bind
+    if printed:
+        typer.echo(f"console: open http://{shown}:{port}/?token={token}", err=True)
+    else:
+        typer.echo(f"console: http://{shown}:{port}/", err=True)
+    if bind not in ("127.0.0.1", "::1", "localhost"):
+        typer.echo(f"warning: listening on {bind}, not this host only: put it behind TLS", err=True)
+    uvicorn.run(create_app(config), host=bind, port=port, log_level="warning", access_log=False)

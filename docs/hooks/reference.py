@@ -1,0 +1,247 @@
+"""MkDocs hook: the reference pages that are generated from the code, so that none can drift.
+
+A page asks for a generated part with a marker line of its own:
+
+* ``<!-- generated: settings -->``: every ``CONSUMER_KIT_*`` setting, from the pydantic settings
+  models (:func:`settings_markdown`);
+* ``<!-- generated: cli -->``: every command and option of ``consumer-kit`` and ``outbox-relay``,
+  from their typer apps (:func:`cli_markdown`);
+* ``<!-- generated: metrics -->``: every metric, from
+  :data:`consumer_kit.telemetry.metrics.CATALOGUE` (:func:`metrics_markdown`).
+
+A marker nobody knows stops the build (a typo must not publish an empty page).
+
+It also lays out the installed package tree for mkdocstrings (:func:`build_source_mirror`): the
+repository folders ``adapters/`` and ``outbox_relay/`` install as ``consumer_kit.adapters`` and
+``consumer_kit.outbox_relay`` through setuptools' package-dir, which griffe's static loader cannot
+follow, so ``build/docs-src/consumer_kit`` holds links to the real files in the installed layout.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MIRROR = ROOT / "build" / "docs-src"
+"""Where mkdocstrings reads the sources (``paths`` in mkdocs.yml)."""
+PACKAGE_DIRS = {"consumer_kit": "consumer_kit", "consumer_kit/adapters": "adapters",
+                "consumer_kit/outbox_relay": "outbox_relay"}
+"""Installed package path -> repository folder: pyproject.toml's [tool.setuptools.package-dir]."""
+
+MARKER = re.compile(r"^<!-- generated: ([a-z_-]+) -->$", re.M)
+
+
+# -- the source mirror for mkdocstrings --------------------------------------------------------------
+
+
+def build_source_mirror(root: Path = ROOT, mirror: Path = MIRROR) -> Path:
+    """Lay out ``mirror/consumer_kit`` as the wheel installs it, as symbolic links to the
+    repository's files (never copies: a page always documents the code as it is). Returns
+    ``mirror``. Idempotent; stale links are replaced."""
+    for installed, folder in PACKAGE_DIRS.items():
+        target = mirror / installed
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in sorted((root / folder).iterdir()):
+            if entry.name == "__pycache__":
+                continue
+            if entry.is_dir() and f"{installed}/{entry.name}" in PACKAGE_DIRS:
+                continue  # a mapped subpackage: its own folder is laid out above
+            link = target / entry.name
+            if link.is_symlink() or link.exists():
+                if link.is_symlink() and link.resolve() == entry.resolve():
+                    continue
+                link.unlink()
+            link.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    return mirror
+
+
+# -- settings ------------------------------------------------------------------------------------------
+
+
+def settings_markdown() -> str:
+    """The settings reference. The settings tree's own renderer when it exists
+    (``consumer_kit.settings_reference.render_markdown()``), else a table per settings class of
+    today's layout: swap the fallback out by deleting it once the renderer has landed."""
+    try:
+        from consumer_kit.settings_reference import render_markdown  # type: ignore[import-not-found]
+    except ImportError:
+        return _settings_of_current_classes()
+    return str(render_markdown())
+
+
+def _settings_of_current_classes() -> str:
+    from consumer_kit.adapters.servicebus.config import ServiceBusSettings
+    from consumer_kit.outbox_relay.settings import OutboxSettings, RelaySettings
+    from consumer_kit.settings import DatabaseSettings, Settings
+
+    groups: list[tuple[str, str, type[Any], tuple[type[Any], ...]]] = [
+        ("Database", "Read by every command that touches the database, and all that"
+         " `consumer-kit migrate` reads.", DatabaseSettings, ()),
+        ("Worker", "Read by `consumer-kit worker` (and by the HTTP front door's `Settings`), on top"
+         " of the database settings.", Settings, (DatabaseSettings,)),
+        ("Outbox", "The outbox's rules: read by `outbox-relay` and by `outbox-relay status`,"
+         " `requeue` and `cleanup`, on top of the database settings.", OutboxSettings, (DatabaseSettings,)),
+        ("Relay", "Read by `outbox-relay` on top of the worker's and the outbox's settings (it"
+         " uses the broker URL and `SETTLE_TIMEOUT` as its confirm timeout).", RelaySettings,
+         (Settings, OutboxSettings)),
+        ("Service Bus", "Read by the Service Bus adapter (broker URL `servicebus://`).",
+         ServiceBusSettings, ()),
+    ]
+    parts = []
+    for title, intro, model, inherited in groups:
+        known = {name for base in inherited for name in base.model_fields}
+        prefix = model.model_config.get("env_prefix", "")
+        rows = [
+            f"| `{prefix}{name.upper()}` | {_cell(_default(field))}"
+            f" | {_cell(field.description or '')} Type: `{_type_name(field.annotation).replace(' | ', ' or ')}`. |"
+            for name, field in model.model_fields.items() if name not in known
+        ]
+        parts.append(
+            f"## {title}\n\n{intro} Class `{model.__module__}.{model.__qualname__}`.\n\n"
+            "| variable | default | meaning, unit and range |\n|---|---|---|\n" + "\n".join(rows)
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
+    text = text or str(annotation)
+    text = re.sub(r"\b(?:typing|pathlib|pydantic\.types|annotated_types)\.", "", text)
+    return re.sub(r"Annotated\[(.*?), .*\]$", r"\1", text)
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        return "computed"
+    value = field.default
+    if value is None:
+        return "unset"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, (list, dict)):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
+
+
+def _cell(text: str) -> str:
+    """Table-safe: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+# -- CLI -------------------------------------------------------------------------------------------------
+
+
+def cli_markdown() -> str:
+    """Every command of ``consumer-kit`` and ``outbox-relay`` with its usage, help and options,
+    read from the typer apps (what ``--help`` prints, as one page)."""
+    import typer.main
+
+    from consumer_kit.cli.main import cli
+    from consumer_kit.outbox_relay.cli import app as relay_app
+
+    parts: list[str] = []
+    for name, typer_app in (("consumer-kit", cli), ("outbox-relay", relay_app)):
+        parts.extend(_command_sections(typer.main.get_command(typer_app), [name], level=2))
+    return "\n\n".join(parts) + "\n"
+
+
+def _command_sections(command: Any, path: list[str], level: int, parent: Any = None) -> Iterable[str]:
+    # Duck-typed on click's Command/Group/Context API: typer vendors its own click.
+    ctx = command.context_class(command, info_name=path[-1], parent=parent)
+    usage = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(), " ".join(command.collect_usage_pieces(ctx)))
+    lines = [f"{'#' * level} `{' '.join(path)}`", ""]
+    help_text = _clean_help(command.help or command.short_help or "")
+    if help_text:
+        lines += [help_text, ""]
+    lines += ["```text", f"{' '.join(path)} {usage}".rstrip(), "```"]
+    arguments = [p for p in command.params if p.param_type_name == "argument"]
+    options = [p for p in command.params if p.param_type_name == "option" and not p.hidden]
+    if arguments or options:
+        lines += ["", "| argument or option | meaning | default |", "|---|---|---|"]
+        for argument in arguments:
+            lines.append(f"| `{(argument.metavar or argument.name.upper())}` | {_cell(_clean_help(getattr(argument, 'help', '') or ''))} | |")
+        for option in options:
+            names = ", ".join(f"`{o}`" for o in option.opts)
+            if option.secondary_opts:
+                names += " / " + ", ".join(f"`{o}`" for o in option.secondary_opts)
+            lines.append(f"| {names} | {_cell(_clean_help(option.help or ''))} | {_cell(_option_default(option))} |")
+    yield "\n".join(lines)
+    if hasattr(command, "list_commands"):
+        for sub_name in command.list_commands(ctx):
+            sub = command.get_command(ctx, sub_name)
+            if sub is not None and not sub.hidden:
+                yield from _command_sections(sub, [*path, sub_name], min(level + 1, 4), ctx)
+
+
+def _clean_help(text: str) -> str:
+    """Typer/rich markup out, the first paragraph's line breaks joined."""
+    text = text.split("\f")[0]
+    text = re.sub(r"\[/?(?:bold|dim|italic|cyan|green|red|yellow|b|i)\]", "", text)
+    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text.strip())]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _option_default(option: Any) -> str:
+    if option.is_flag and not option.secondary_opts and option.default in (False, None):
+        return ""
+    default = option.default
+    if default is None or callable(default):
+        return ""
+    if isinstance(default, bool) and option.secondary_opts:
+        return f"`{option.opts[0] if default else option.secondary_opts[0]}`"
+    if isinstance(default, enum.Enum):
+        default = default.value
+    return f"`{default}`"
+
+
+# -- metrics --------------------------------------------------------------------------------------------
+
+
+def metrics_markdown() -> str:
+    """The metrics catalogue: one row per :class:`~consumer_kit.telemetry.metrics.MetricSpec`."""
+    from consumer_kit.telemetry.metrics import CATALOGUE
+
+    rows = [
+        f"| `{spec.name}` | {', '.join(f'`{n}`' for n in spec.prometheus_names)} | {spec.kind} | `{spec.unit}`"
+        f" | {', '.join(f'`{a}`' for a in spec.attributes) or '-'} | {spec.emitted_by} | {_cell(spec.description)} |"
+        for spec in CATALOGUE
+    ]
+    return ("| metric (OpenTelemetry) | Prometheus series | kind | unit | attributes | from | meaning |\n"
+            "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+GENERATORS: dict[str, Callable[[], str]] = {
+    "settings": settings_markdown, "cli": cli_markdown, "metrics": metrics_markdown,
+}
+
+
+def render_markers(markdown: str, page_name: str = "page") -> str:
+    """``markdown`` with every marker line replaced by its generated part.
+
+    Raises:
+        ValueError: a marker that names no generator (``page_name`` says where).
+    """
+    def replace(match: re.Match[str]) -> str:
+        generator = GENERATORS.get(match.group(1))
+        if generator is None:
+            raise ValueError(f"{page_name}: unknown generated part {match.group(1)!r}; known: {sorted(GENERATORS)}")
+        return generator().rstrip("\n")
+
+    return MARKER.sub(replace, markdown)
+
+
+# -- MkDocs events ----------------------------------------------------------------------------------------
+
+
+# At import, which MkDocs does while it reads mkdocs.yml: mkdocstrings resolves its paths in its
+# own on_config, which runs before a hook's.
+build_source_mirror()
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    return render_markers(markdown, page.file.src_uri)
