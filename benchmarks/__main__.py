@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks import report, runner
 
 SCENARIOS = ["idempotency", "ledger", "pgbench", "memory", "crash", "relay", "relay_memory",
-             "drain", "scaleout", "notify", "uvloop"]
+             "drain", "scaleout", "notify", "uvloop", "batch"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--only", nargs="+", choices=SCENARIOS, default=None)
     run.add_argument("-v", "--verbose", action="store_true")
     prof = sub.add_parser("profile", help="py-spy profile of one consumer draining a queue")
-    prof.add_argument("--variant", choices=["ck", "naive", "powertools"], default="ck")
+    prof.add_argument("--variant", choices=["ck", "naive", "powertools", "ck_batch", "naive_batch"], default="ck")
+    prof.add_argument("--batch", type=int, default=10, help="batch variants: the batch size")
     prof.add_argument("--messages", type=int, default=8000)
     prof.add_argument("--concurrency", type=int, default=8)
     prof.add_argument("--out", type=Path, default=None)
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = args.out or Path(__file__).resolve().parent / "results" / "profile"
         out.mkdir(parents=True, exist_ok=True)
-        print(profile.run(args.variant, args.messages, args.concurrency, out))
+        print(profile.run(args.variant, args.messages, args.concurrency, out, args.batch))
         return 0
 
     logging.basicConfig(

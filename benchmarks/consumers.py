@@ -5,6 +5,11 @@
 * ``naive``: aio-pika + psycopg. Writes the effect in one transaction, then acks. No ledger, no
   outbox machinery (the event row is inserted directly). The limit for this design.
 * ``ck``: consumer-kit's :class:`~consumer_kit.worker.Worker` with the RabbitMQ adapter.
+* ``naive_batch``: aio-pika + psycopg taking up to ``--batch`` messages at once: ``concurrency``
+  channels, each with prefetch ``--batch``, each batch's effect as one ``unnest`` statement per
+  table in one transaction, then one multiple ack of the channel's batch.
+* ``ck_batch``: consumer-kit's worker on the batch path: the invoices example's
+  ``BatchCreateInvoiceHandler`` (``examples/invoices/batches.py``) with ``batch_size = --batch``.
 * ``powertools``: aio-pika + AWS Lambda Powertools ``idempotent_function`` with its Redis
   persistence layer; the decorated function is synchronous (Powertools has no async variant), so
   it runs in a thread pool of ``C`` threads with a psycopg ``ConnectionPool``.
@@ -139,6 +144,87 @@ async def run_naive(args: argparse.Namespace, progress: _Progress, stop: asyncio
         await pool.close()
 
 
+async def run_naive_batch(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    import aio_pika
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
+
+    schema = sql.Identifier(args.schema, "invoices"), sql.Identifier(args.schema, "customers")
+    insert_invoices = sql.SQL(
+        "INSERT INTO {} (order_id, revision, customer_id, amount_cents, currency) "
+        "SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::bigint[], %s::text[]) "
+        "RETURNING invoice_id, order_id, revision"
+    ).format(schema[0])
+    add_to_customers = sql.SQL(
+        "INSERT INTO {} AS c (customer_id, invoiced_cents) "
+        "SELECT customer_id, sum(amount) FROM unnest(%s::text[], %s::bigint[]) AS t(customer_id, amount) "
+        "GROUP BY customer_id ORDER BY customer_id "
+        "ON CONFLICT (customer_id) DO UPDATE SET invoiced_cents = c.invoiced_cents + EXCLUDED.invoiced_cents"
+    ).format(schema[1])
+    insert_events = sql.SQL(
+        "INSERT INTO {} (event_id, destination, routing_key, message_type, partition_key, payload, headers) "
+        "SELECT e, 'billing.events', 'invoice.created', 'InvoiceCreated', p, b::jsonb, '{{}}'::jsonb "
+        "FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS t(e, p, b)"
+    ).format(sql.Identifier(args.schema, "outbox"))
+    kwargs: dict[str, Any] = {"autocommit": True}
+    if not args.outbox_notify:
+        kwargs["options"] = "-c consumer_kit.outbox_notify=off"
+    pool = AsyncConnectionPool(
+        bench_db_url(), min_size=args.concurrency, max_size=args.concurrency, kwargs=kwargs, open=False,
+    )
+    await pool.open(wait=True)
+    connection = await aio_pika.connect_robust(AMQP_URL)
+
+    async def apply(batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
+        msgs = [json.loads(m.body) for m in batch]
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(insert_invoices, (
+                    [m["order_id"] for m in msgs], [m["revision"] for m in msgs], [m["customer_id"] for m in msgs],
+                    [m["amount_cents"] for m in msgs], [m["currency"] for m in msgs],
+                ))
+                ids = {(o, r): i for i, o, r in await cur.fetchall()}
+                await conn.execute(add_to_customers, ([m["customer_id"] for m in msgs], [m["amount_cents"] for m in msgs]))
+                await conn.execute(insert_events, (
+                    [uuid.uuid4() for _ in msgs], [m["customer_id"] for m in msgs],
+                    [event_payload(ids[m["order_id"], m["revision"]], m) for m in msgs],
+                ))
+        await batch[-1].ack(multiple=True)  # the channel's whole batch, one frame
+        progress.tick(len(batch))
+
+    async def one_channel() -> None:
+        # One channel per task: a multiple ack then covers this task's batch and nothing else.
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=args.batch)
+        queue = await channel.declare_queue(args.queue, passive=True)
+        held: list[aio_pika.abc.AbstractIncomingMessage] = []
+        ready = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            held.append(message)
+            ready.set()
+
+        await queue.consume(on_message)
+        while True:
+            await ready.wait()
+            if len(held) < args.batch:
+                await asyncio.sleep(args.batch_wait)  # the rest of what arrives together
+            batch, held[:] = held[: args.batch], held[args.batch:]
+            if not held:
+                ready.clear()
+            await apply(batch)
+
+    tasks = [asyncio.create_task(one_channel()) for _ in range(args.concurrency)]
+    try:
+        await _wait(progress, stop)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await connection.close()
+        await pool.close()
+
+
 # -- consumer-kit -----------------------------------------------------------------------------
 
 
@@ -158,7 +244,9 @@ def ck_settings(args: argparse.Namespace) -> Any:
     )
 
 
-async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+async def run_ck(
+    args: argparse.Namespace, progress: _Progress, stop: asyncio.Event, handler: Any = None
+) -> None:
     """The invoices example's own handler (``examples/invoices/app.py``); its unqualified table
     names resolve to the benchmark schema through ``search_path``."""
     from consumer_kit import App
@@ -166,7 +254,7 @@ async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Ev
     from examples.invoices.app import CreateInvoiceHandler
 
     app = App("bench-invoices")
-    app.subscribe(args.queue, CreateInvoiceHandler())
+    app.subscribe(args.queue, handler or CreateInvoiceHandler())
     settings = ck_settings(args)
     # on_report counts each finished delivery as it happens: no polling loop in the measured process
     worker = Worker(app, settings, on_report=lambda _report: progress.tick())
@@ -185,6 +273,17 @@ async def run_ck(args: argparse.Namespace, progress: _Progress, stop: asyncio.Ev
     if not progress.done.is_set() and task.done() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
     print(json.dumps({"counters": counters.snapshot()}), file=sys.stderr)
+
+
+async def run_ck_batch(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+    """The batch path: ``BatchCreateInvoiceHandler`` with ``batch_size = --batch``; one report per
+    delivery, as on the per-message path."""
+    from examples.invoices.batches import BatchCreateInvoiceHandler
+
+    handler_class = type(
+        "BenchBatchHandler", (BatchCreateInvoiceHandler,), {"batch_size": args.batch, "batch_wait": args.batch_wait}
+    )
+    await run_ck(args, progress, stop, handler=handler_class())
 
 
 # -- Powertools -------------------------------------------------------------------------------
@@ -274,14 +373,17 @@ async def _wait(progress: _Progress, stop: asyncio.Event, also: asyncio.Task[Any
         w.cancel()
 
 
-RUNNERS = {"naive": run_naive, "ck": run_ck, "powertools": run_powertools}
+RUNNERS = {
+    "naive": run_naive, "ck": run_ck, "powertools": run_powertools, "naive_batch": run_naive_batch,
+    "ck_batch": run_ck_batch,
+}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     progress = _Progress(args.expect)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    if args.variant != "ck":  # the consumer-kit Worker installs its own SIGTERM handler
+    if not args.variant.startswith("ck"):  # the consumer-kit Worker installs its own SIGTERM handler
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     if args.wait_go:  # start together with the other processes of a scale-out run
@@ -305,6 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--expect", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--batch", type=int, default=10, help="batch variants: up to this many at once")
+    parser.add_argument("--batch-wait", type=float, default=0.02, help="batch variants: seconds to wait for more")
     parser.add_argument("--wait-go", action="store_true", help="print 'ready', start on SIGUSR1")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--no-outbox-notify", dest="outbox_notify", action="store_false")

@@ -69,7 +69,7 @@ def summarize(raw: Path, top: int = 25) -> str:
     return "\n".join(out)
 
 
-def run(variant: str, messages: int, concurrency: int, out: Path) -> str:
+def run(variant: str, messages: int, concurrency: int, out: Path, batch: int = 10) -> str:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     db = common.ensure_database()
     schema, queue = new_name(), new_name("ckbq")
@@ -80,7 +80,8 @@ def run(variant: str, messages: int, concurrency: int, out: Path) -> str:
         subprocess.run(
             [pyspy, "record", "-r", "250", "-f", "raw", "-o", str(raw), "--", sys.executable, "-m",
              "benchmarks.consumers", variant, "--queue", queue, "--schema", schema,
-             "--concurrency", str(concurrency), "--expect", str(messages)],
+             "--concurrency", str(concurrency), "--expect", str(messages),
+             *(("--batch", str(batch)) if variant.endswith("batch") else ())],
             cwd=ROOT, check=True, capture_output=True,
         )
     finally:

@@ -222,6 +222,7 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             "whose effect did commit, so they will be applied a second time when the record expires |",
             "",
         ]
+    lines += _batch_lines(s.get("batch") or {})
     from benchmarks import drain_bench, scaleout_bench
 
     lines += drain_bench.report_lines(s.get("drain") or {})
@@ -239,6 +240,41 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
                   "well above the benchmark's own ~2 means other work shared the machine): "
                   + ", ".join(f"{k}: {v}" for k, v in load.items()), ""]
     return lines
+
+
+def _batch_lines(batch: dict[str, Any]) -> list[str]:
+    """The batch path (issue 26): msg/s and the two per-round ratios per (concurrency, batch size)."""
+    rows = [k for k, v in batch.items() if isinstance(v, dict) and "ck_batch" in v]
+    if not rows:
+        return []
+    lines = [
+        "## Batches (msg/s)",
+        "",
+        "naive = one message per transaction; naive batch = aio-pika + psycopg, one channel per "
+        "task with prefetch = batch size, the batch's effect as one `unnest` statement per table in "
+        "one transaction, one multiple ack; consumer-kit batches = `Worker` on the batch path with "
+        "`examples/invoices/batches.py` (`handle_batch`, the same `unnest` statements, events through "
+        "`ctx.publish`), one ack per delivery.",
+        "",
+        "| concurrency, batch size | naive | naive batch | consumer-kit batches | ck batches / naive | "
+        "ck batches / naive batch | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key in rows:
+        e = batch[key]
+        c, b = key.removeprefix("c").split("_b")
+        lines.append(
+            f"| {c}, {b} | {_f(e['naive']['median'])} | {_f(e['naive_batch']['median'])} | "
+            f"{_f(e['ck_batch']['median'])} | {_ratio(e['ratio_ck_batch_naive'])} | "
+            f"{_ratio(e['ratio_ck_batch_naive_batch'])} | {len(e.get('errors', []))} |"
+        )
+    return [*lines, ""]
+
+
+def _ratio(summary: dict[str, Any]) -> str:
+    if summary.get("median") is None:
+        return "n/a"
+    return f"{summary['median']:.2f} ({summary['min']:.2f}–{summary['max']:.2f})"
 
 
 def _median(idem: dict[str, Any], c: str, variant: str) -> float | None:
@@ -276,6 +312,13 @@ def _targets(s: dict[str, Any]) -> list[str]:
                     f"{_verdict(p99, 100, higher_is_better=False)} |")
     else:
         rows.append("| relay targets | n/a | not measured |")
+    for key, e in (s.get("batch") or {}).items():
+        if isinstance(e, dict) and "ck_batch" in e and key.startswith("c8_"):
+            v = e["ratio_ck_batch_naive"]["median"]
+            rows.append(f"| consumer-kit batches ≥ 2 × naive one-per-transaction ({key}) | {_f(v, 2)} | {_verdict(v, 2.0)} |")
+        if isinstance(e, dict) and "ck_batch" in e:
+            v = e["ratio_ck_batch_naive_batch"]["median"]
+            rows.append(f"| consumer-kit batches ≥ 0.85 × naive batch ({key}) | {_f(v, 2)} | {_verdict(v, 0.85)} |")
     rss = s.get("memory", {}).get("worker", {}).get("peak_rss_mb")
     rows.append(f"| worker peak RSS ≤ 150 MB at concurrency 64 | {_f(rss, 1)} | "
                 f"{_verdict(rss, 150, higher_is_better=False)} |")

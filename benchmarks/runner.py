@@ -93,10 +93,12 @@ class OrderIds:
 # -- one consumer run -------------------------------------------------------------------------
 
 
-def run_consumer(variant: str, queue: str, schema: str, concurrency: int, expect: int) -> dict[str, Any]:
+def run_consumer(
+    variant: str, queue: str, schema: str, concurrency: int, expect: int, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     timeout = max(60.0, expect / 100.0)
     cmd = [sys.executable, "-m", "benchmarks.consumers", variant, "--queue", queue, "--schema", schema,
-           "--concurrency", str(concurrency), "--expect", str(expect), "--timeout", str(timeout)]
+           "--concurrency", str(concurrency), "--expect", str(expect), "--timeout", str(timeout), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout + 60,
                           env=_child_env())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -116,12 +118,14 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def measure(variant: str, ids: range, concurrency: int, *, schema: str) -> dict[str, Any]:
+def measure(
+    variant: str, ids: range, concurrency: int, *, schema: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Fill a fresh queue with one message per id, drain it with ``variant``, clean up the queue."""
     queue = new_name("ckbq")
     try:
         asyncio.run(declare_and_fill(queue, (message_body(i) for i in ids)))
-        return run_consumer(variant, queue, schema, concurrency, len(ids))
+        return run_consumer(variant, queue, schema, concurrency, len(ids), extra)
     finally:
         asyncio.run(delete_queues(queue))
 
@@ -179,6 +183,51 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
                 "duplicate": summarize(dup_rates),
                 "ratio": paired_ratio(dup_rates, first_rates),
             }
+    return out
+
+
+# -- the batch path (issue 26) ------------------------------------------------------------------
+
+BATCH_VARIANTS = ("naive", "naive_batch", "ck_batch")
+BATCH_SIZES = (10, 50)
+BATCH_CONCURRENCIES = (8, 32)
+BATCH_WAIT = 0.1  # seconds, both batch peers: under a backlog a batch of 50 needs it to fill
+
+
+def scenario_batch(mode: Mode, db_url: str) -> dict[str, Any]:
+    """consumer-kit's batch path against the naive one-per-transaction consumer and the naive
+    batch consumer (same batch size), at batch sizes 10 and 50 and concurrency 8 and 32; the
+    three variants of a round back to back, order alternating, ratios per round."""
+    out: dict[str, Any] = {}
+    for c in BATCH_CONCURRENCIES if mode.name != "smoke" else (8,):
+        for size in BATCH_SIZES if mode.name != "smoke" else (10,):
+            rates: dict[str, list[float]] = {v: [] for v in BATCH_VARIANTS}
+            errors: list[str] = []
+            for r in range(mode.rounds):
+                order = list(BATCH_VARIANTS) if r % 2 == 0 else list(reversed(BATCH_VARIANTS))
+                for variant in order:
+                    schema = new_name()
+                    common.create_schema(db_url, schema)
+                    try:
+                        extra = ("--batch", str(size), "--batch-wait", str(BATCH_WAIT)) if variant != "naive" else ()
+                        res = measure(variant, range(1, mode.messages + 1), c, schema=schema, extra=extra)
+                        if res.get("rate"):
+                            rates[variant].append(res["rate"])
+                        else:
+                            errors.append(f"{variant} c={c} b={size} round {r}: {res.get('error', '')[:200]}")
+                        counts = effect_counts(db_url, schema)
+                        if counts["more_than_once"] or (res.get("rate") and counts["once"] != mode.messages):
+                            errors.append(f"{variant} c={c} b={size} round {r}: effects {counts}")
+                    finally:
+                        drop_schema(db_url, schema)
+                logger.info("batch c=%s b=%s round %s: %s", c, size, r, {v: rates[v][-1:] for v in BATCH_VARIANTS})
+            entry: dict[str, Any] = {v: summarize(rates[v]) for v in BATCH_VARIANTS}
+            n = min(len(rates["ck_batch"]), len(rates["naive"]))
+            entry["ratio_ck_batch_naive"] = paired_ratio(rates["ck_batch"][:n], rates["naive"][:n])
+            n = min(len(rates["ck_batch"]), len(rates["naive_batch"]))
+            entry["ratio_ck_batch_naive_batch"] = paired_ratio(rates["ck_batch"][:n], rates["naive_batch"][:n])
+            entry["errors"] = errors
+            out[f"c{c}_b{size}"] = entry
     return out
 
 
@@ -571,6 +620,7 @@ def run_all(mode_name: str, only: set[str] | None = None) -> dict[str, Any]:
         ("pgbench", lambda: scenario_pgbench(mode, db_url)),
         ("memory", lambda: scenario_memory(mode, db_url)),
         ("crash", lambda: scenario_crash(mode, db_url)),
+        ("batch", lambda: scenario_batch(mode, db_url)),
     ]
     if mode.relay:
         steps.append(("relay", lambda: scenario_relay(mode)))

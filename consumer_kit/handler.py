@@ -22,7 +22,7 @@ import datetime as dt
 import inspect
 import typing
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from psycopg import AsyncConnection
@@ -176,6 +176,35 @@ class Context:
         return [e.event_id for e in self.events]
 
 
+MAX_BATCH_SIZE = 1000
+"""The largest ``batch_size``: the batch's arrays travel as statement parameters."""
+
+
+def batches_at_once(handler: Handler[Any]) -> bool:
+    """The handler overrides :meth:`Handler.handle_batch` (one call for a batch's new items)."""
+    return type(handler).handle_batch is not Handler.handle_batch
+
+
+def check_batch(cls: type[Handler[Any]]) -> None:
+    """Refuse a batch setting the batch path cannot keep (docs/how-to/batches.md).
+
+    Raises:
+        ConfigurationError: ``batch_size`` not an int in 1..:data:`MAX_BATCH_SIZE`, ``batch_wait``
+            negative or not a number, or ``batch_size > 1`` with ``external_effects``.
+    """
+    size, wait = cls.batch_size, cls.batch_wait
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
+        raise ConfigurationError(f"{cls.__name__}.batch_size must be an int from 1 to {MAX_BATCH_SIZE}, not {size!r}")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 60:
+        raise ConfigurationError(f"{cls.__name__}.batch_wait must be seconds from 0 to 60, not {wait!r}")
+    if size > 1 and cls.external_effects:
+        raise ConfigurationError(
+            f"{cls.__name__} has external_effects and batch_size {size}: a handler with external "
+            "effects commits its claim under a lease and finishes in a transaction of its own, so "
+            "its deliveries cannot share one; set batch_size = 1"
+        )
+
+
 class Handler(Generic[M]):
     """Base class of message handlers, generic in the pydantic message model.
 
@@ -217,6 +246,14 @@ class Handler(Generic[M]):
             a lease, ``ctx.record_evidence`` and ``ctx.downstream_key`` serve the remote calls,
             ``await ctx.begin()`` opens the completion transaction, and ``reconcile`` decides for
             an operation whose previous owner died.
+        batch_size: up to how many deliveries of this handler's queue run in one transaction
+            (the batch path, docs/how-to/batches.md): ``1`` (the default) runs each delivery in a
+            transaction of its own. A batch claims all its keys in one statement, runs ``handle``
+            for the new ones one after the other on one connection, completes them in one
+            statement and commits once; each delivery keeps its own outcome. Not with
+            ``external_effects`` (each of those needs a lease and a transaction of its own).
+        batch_wait: seconds a batch waits for more deliveries once its first one arrived, when
+            fewer than ``batch_size`` are at hand (``0``: take what has arrived together).
     """
 
     operation_type: ClassVar[str]
@@ -227,6 +264,8 @@ class Handler(Generic[M]):
     message_type: ClassVar[str | None] = None
     key_from_message_id: ClassVar[bool] = False
     external_effects: ClassVar[bool] = False
+    batch_size: ClassVar[int] = 1
+    batch_wait: ClassVar[float] = 0.0
     result_retention: ClassVar[dt.timedelta | None] = dt.timedelta(days=30)
     key_retention: ClassVar[dt.timedelta | None] = None
     permanent: ClassVar[bool] = False
@@ -270,6 +309,7 @@ class Handler(Generic[M]):
             if value is not None and (not isinstance(value, dt.timedelta) or value <= dt.timedelta(0)):
                 raise ConfigurationError(f"{cls.__name__}.{name} must be a positive datetime.timedelta or None")
         check_tenant_senders(cls.tenant_senders, owner=cls.__name__)
+        check_batch(cls)
         stale = [v for v in type(self).earlier_projections if v >= type(self).projection_version]
         if stale:
             raise ConfigurationError(
@@ -383,3 +423,21 @@ class Handler(Generic[M]):
         """
         raise NotImplementedError
 
+
+    async def handle_batch(self, batch: Sequence[tuple[M, Context]]) -> Sequence[Result | None]:
+        """Optional, for a handler with ``batch_size > 1``: do the effects of every new operation
+        of a batch at once (for example one ``unnest`` statement per table instead of one
+        statement per message), through the one connection they share (``ctx.connection`` of any
+        item) and each item's own ``ctx.publish``. ``batch`` is ``(message, context)`` of each
+        newly claimed operation, in delivery order; return one result per item, in that order.
+
+        Not overridden (the default), the batch path calls :meth:`handle` for each item. When it
+        raises, nothing of the batch is kept and its items run through :meth:`handle` one by one
+        in the batch's transaction instead, so each meets its own fault (docs/how-to/batches.md);
+        :meth:`handle` is also what a redelivered or retried item runs on its own, so both must
+        have the same effect.
+
+        Raises:
+            Exception: any: the batch is run again item by item through :meth:`handle`.
+        """
+        raise NotImplementedError

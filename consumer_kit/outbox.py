@@ -259,6 +259,40 @@ def events_params(
     }
 
 
+def batch_events_cte(schema: str) -> sql.Composed:
+    """Like :func:`events_cte`, for the events of a whole batch (:func:`batch_events_params`):
+    each event carries its own operation scope, key and correlation id."""
+    return sql.SQL(
+        """
+        events AS (
+            INSERT INTO {table} (event_id, destination, routing_key, message_type, partition_key,
+                                 payload, headers, operation_scope, operation_key, correlation_id)
+            SELECT (e.doc ->> 'i')::uuid, e.doc ->> 'd', e.doc ->> 'r', e.doc ->> 't', e.doc ->> 'p',
+                   e.doc -> 'b', e.doc -> 'h', e.doc ->> 's', e.doc ->> 'k', e.doc ->> 'c'
+              FROM jsonb_array_elements(%(ev_docs)s::text::jsonb) WITH ORDINALITY AS e(doc, position)
+             ORDER BY e.position
+            RETURNING 1
+        )
+        """
+    ).format(table=sql.Identifier(schema, "outbox"))
+
+
+def batch_events_params(
+    batch: Sequence[tuple[Sequence[PendingEvent], OperationIdentity, str | None]],
+) -> dict[str, Any]:
+    """The parameter :func:`batch_events_cte` reads: the events of every ``(events, operation,
+    correlation id)`` of the batch, in order, as one JSON array."""
+    docs = ",".join(
+        f'{{"i":"{e.event_id}","d":{_json_text(e.destination)},"r":{_json_text(e.routing_key)},'
+        f'"t":{_json_text(e.message_type)},"p":{_json_text(e.partition_key)},'
+        f'"b":{e.payload},"h":{e.headers},"s":{_json_text(operation.scope)},'
+        f'"k":{_json_text(operation.key)},"c":{_json_text(correlation_id)}}}'
+        for events, operation, correlation_id in batch
+        for e in events
+    )
+    return {"ev_docs": f"[{docs}]"}
+
+
 _json_text = json.JSONEncoder(ensure_ascii=False).encode
 """A str (or None) as a JSON value."""
 

@@ -60,6 +60,11 @@ class SessionStatement:
         Raises:
             psycopg.Error: as the statement itself raises.
         """
+        rows = await self.begin_and_fetchall(conn, params)
+        return rows[0] if rows else None
+
+    async def begin_and_fetchall(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> list[DictRow]:
+        """As :meth:`begin_and_fetchone`, every row (the batch path's claim)."""
         try:
             return await self._run(conn, params)
         except pg_errors.InvalidSqlStatementName:  # deallocated behind our back: prepare again
@@ -67,7 +72,7 @@ class SessionStatement:
             await conn.execute(b"ROLLBACK", prepare=False)
             return await self._run(conn, params)
 
-    async def _run(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> DictRow | None:
+    async def _run(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> list[DictRow]:
         prepared = _PREPARED_ON.setdefault(conn, set())
         if self.name not in prepared:
             try:
@@ -78,4 +83,4 @@ class SessionStatement:
         async with AsyncClientCursor(conn, row_factory=dict_row) as client:
             await client.execute(self._begin_and_execute, params)
             client.nextset()  # past BEGIN's result
-            return await client.fetchone()
+            return await client.fetchall()

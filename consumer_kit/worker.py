@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import time
@@ -39,6 +40,7 @@ from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.admission import Admission
+from consumer_kit.pipeline.batching import Batcher, batch_setting
 from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
 from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
@@ -127,6 +129,16 @@ class Worker:
             background: list[asyncio.Task[None]] = []
             try:
                 for queue in self.app.queues:
+                    size, wait = batch_setting(self.app, queue)
+                    if size > 1:
+                        # Enough deliveries ahead to fill a batch in every slot (the batch path,
+                        # docs/how-to/batches.md).
+                        batcher = Batcher(
+                            self.runtime.process_batch, size=size, wait=wait, limit=self.settings.concurrency
+                        )
+                        prefetch = max(self.settings.effective_prefetch, size * self.settings.concurrency)
+                        await consumer.subscribe(queue, functools.partial(self._on_batched, batcher), prefetch=prefetch)
+                        continue
                     await consumer.subscribe(
                         queue, self._on_delivery, prefetch=self.settings.effective_prefetch
                     )
@@ -176,6 +188,17 @@ class Worker:
             await self.runtime.process(delivery)
         except SimulatedCrash as crash:
             # An armed crash point: behave as a dead process would, leaving the delivery unsettled.
+            logger.warning("crash point %s fired: leaving message_id=%s unsettled", crash, delivery.message_id)
+        finally:
+            self._inflight.discard(task)
+
+    async def _on_batched(self, batcher: Batcher, delivery: Delivery) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        try:
+            await batcher.add(delivery)
+        except SimulatedCrash as crash:
             logger.warning("crash point %s fired: leaving message_id=%s unsettled", crash, delivery.message_id)
         finally:
             self._inflight.discard(task)

@@ -149,13 +149,16 @@ async def _drop_schema(database_url: str, schema: str) -> None:
         await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-def _worker(database_url: str, broker_url: str, schema: str, queue: str, crash_at: str | None) -> subprocess.Popen[bytes]:
+def _worker(
+    database_url: str, broker_url: str, schema: str, queue: str, crash_at: str | None, *, batch: int = 1
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "CONSUMER_KIT_DATABASE_URL": database_url,
         "CONSUMER_KIT_BROKER_URL": broker_url,
         "CONSUMER_KIT_DB_SCHEMA": schema,
         "CK_CHAOS_QUEUE": queue,
+        "CK_CHAOS_BATCH": str(batch),
         "CONSUMER_KIT_RETRY_DELAYS": "[0.05]",
         "CONSUMER_KIT_IN_PROGRESS_DELAY": "0.05",
         "PYTHONPATH": str(ROOT),
@@ -248,6 +251,88 @@ async def test_sigkilled_worker_on_rabbitmq(
         await _delete_queues(connection, queue)
         await connection.close()
         await _drop_schema(database_url, schema)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize(
+    "point", [CrashPoint.IN_HANDLER, CrashPoint.AFTER_COMMIT_BEFORE_ACK, None],
+    ids=lambda v: v.value if isinstance(v, CrashPoint) else "external-sigkill",
+)
+async def test_sigkilled_batch_worker_on_rabbitmq(database_url: str, rabbitmq_url: str, point: CrashPoint | None) -> None:
+    """The batch path (batches of 10): a worker SIGKILLed with batches in flight (at a crash point
+    of the batch, or from outside once some operations committed); a healthy batch worker then
+    drains the queue. Every operation applied exactly once: 0 applied twice, 0 lost."""
+    reason = _have_rabbitmq_adapter()
+    if reason:
+        pytest.skip(reason)
+    import aio_pika
+
+    from tests.chaos.app import QUEUE_PREFIX, command_body
+
+    schema = "ck_crashb_" + uuid.uuid4().hex[:8]
+    queue = f"{QUEUE_PREFIX}.{schema}"
+    await _prepare_schema(database_url, schema)
+    connection = await aio_pika.connect_robust(rabbitmq_url)
+    workers: list[subprocess.Popen[bytes]] = []
+    ops = [f"op-{n}-" + uuid.uuid4().hex[:6] for n in range(60)]
+    try:
+        doomed = _worker(database_url, rabbitmq_url, schema, queue, point and f"{point.value}:kill", batch=10)
+        workers.append(doomed)
+        channel = await connection.channel(publisher_confirms=True)
+        await _wait_for(lambda: _queue_exists(connection, queue), 30, "the worker to declare its queue")
+        for n, op in enumerate(ops + ops[:15]):  # 15 operations sent twice
+            await channel.default_exchange.publish(
+                aio_pika.Message(command_body(op, n % 60 % 7 + 1, account=f"acct-{n % 60 % 4}"), message_id=f"{op}-{n}",
+                                 headers={"operation-id": op}, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                routing_key=queue,
+            )
+        if point is None:
+            await _wait_for(lambda: _completed(database_url, schema), 60, "some operations to commit")
+            doomed.send_signal(signal.SIGKILL)
+        returncode = await asyncio.wait_for(asyncio.to_thread(doomed.wait), 60)
+        assert returncode == -signal.SIGKILL, doomed.stderr.read().decode()[-2000:] if doomed.stderr else ""
+
+        workers.append(_worker(database_url, rabbitmq_url, schema, queue, None, batch=10))
+
+        async def drained() -> bool:
+            return await _completed(database_url, schema) == len(ops) and await _queue_empty(connection, queue)
+
+        await _wait_for(drained, 120, "every operation to complete and every message to be acked")
+        counts = await _effect_counts(database_url, schema)
+        assert sorted(counts) == sorted(ops)  # 0 lost
+        assert set(counts.values()) == {1}  # 0 applied twice
+        assert await _queue_depth(connection, f"{queue}.dlq") == 0
+    finally:
+        for proc in workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), 20)
+            except TimeoutError:
+                proc.kill()
+        await _delete_queues(connection, queue)
+        await connection.close()
+        await _drop_schema(database_url, schema)
+
+
+async def _completed(database_url: str, schema: str) -> int:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE state = 'completed'").format(sql.Identifier(schema, "operations"))
+        )
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def _effect_counts(database_url: str, schema: str) -> dict[str, int]:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            sql.SQL("SELECT operation_key, count(*) FROM {} GROUP BY operation_key").format(
+                sql.Identifier(schema, "effects")
+            )
+        )
+        return {str(k): int(n) for k, n in await cur.fetchall()}
 
 
 async def _effects(database_url: str, schema: str, op: str) -> int:

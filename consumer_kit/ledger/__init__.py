@@ -9,13 +9,14 @@ identifier, never formatted by hand).
 from consumer_kit.ledger.attempts import AttemptBook, AttemptCounts, AttemptRecord
 from consumer_kit.ledger.evidence import EvidenceBook
 from consumer_kit.ledger.migrations import LEDGER_MIGRATIONS, migrate, missing_migrations, schema_ready
-from consumer_kit.ledger.operations import Claim, Ledger
+from consumer_kit.ledger.operations import BatchClaim, Claim, Ledger
 
 __all__ = [
     "LEDGER_MIGRATIONS",
     "AttemptBook",
     "AttemptCounts",
     "AttemptRecord",
+    "BatchClaim",
     "Claim",
     "EvidenceBook",
     "Ledger",

@@ -14,7 +14,7 @@ from psycopg import sql
 
 from consumer_kit.model.fence import LEASE, LEASE_AND_TRANSACTION, TRANSACTION
 from consumer_kit.model.operation_row import FAILED, NEEDS_RECONCILIATION
-from consumer_kit.outbox import events_cte
+from consumer_kit.outbox import batch_events_cte, events_cte
 
 _ROW_COLUMNS = sql.SQL(
     "scope, key, fingerprint, projection_version, state, attempts, lease_owner, "
@@ -57,6 +57,25 @@ _FENCES = {
 
 
 @dataclass(frozen=True)
+class BatchStatements:
+    """The batch path's statements (one round trip each for a whole batch; arrays of one element
+    per operation, see ``Ledger.claim_many``).
+
+    Attributes:
+        claim: insert every operation of the batch that has no row yet (``unnest``, ``ON CONFLICT
+            DO NOTHING``) and, in the same statement, read the rows that already existed.
+        fetch: the rows of the given ``(scope, key)`` arrays (a fresh snapshot, for the rows a
+            concurrent claimer committed after the claim's snapshot).
+        complete: the completion of every claimed row, fenced by the claiming transaction,
+            without and with the outbox events of the batch (key ``False`` / ``True``).
+    """
+
+    claim: bytes
+    fetch: bytes
+    complete: Mapping[bool, bytes]
+
+
+@dataclass(frozen=True)
 class OperationStatements:
     """The rendered statements on ``<schema>.operations`` (bytes, ready to execute).
 
@@ -77,6 +96,7 @@ class OperationStatements:
     renew: bytes
     give_up: bytes
     end_leased: bytes
+    batch: BatchStatements
 
 
 def _render(statement: sql.Composable) -> bytes:
@@ -185,6 +205,71 @@ def operation_statements(schema: str) -> OperationStatements:
     ).format(table=table, fence=lease_fence))
 
     return OperationStatements(
+        batch=_batch_statements(schema, table, complete_template),
         claim=claim, fetch=fetch, complete=completes, record_failure=record_failure, park=park,
         take_over=take_over, renew=renew, give_up=give_up, end_leased=end_leased,
     )
+
+
+def _batch_statements(schema: str, table: sql.Identifier, complete_template: sql.SQL) -> BatchStatements:
+    # The claim of a batch: one row per operation from parallel arrays. Rows are inserted in
+    # (scope, key) order, so two batches that share keys lock them in the same order (one waits,
+    # neither deadlocks). The existing rows come from the statement's snapshot; a row committed by
+    # a concurrent claimer after it is read again with ``fetch`` (a fresh snapshot).
+    claim = _render(sql.SQL(
+        """
+        WITH input AS (
+            SELECT * FROM unnest(%(scope)s::text[], %(key)s::text[], %(tenant)s::text[],
+                %(operation_type)s::text[], %(fingerprint)s::text[], %(projection_version)s::int[],
+                %(message_id)s::text[], %(body_keep)s::float8[], %(key_keep)s::float8[])
+              AS i(scope, key, tenant, operation_type, fingerprint, projection_version, message_id,
+                   body_keep, key_keep)
+        ),
+        claimed AS (
+            INSERT INTO {table} AS o (scope, key, tenant, operation_type, fingerprint,
+                projection_version, state, attempts, lease_owner, lease_expires_at, message_id,
+                body_expires_at, key_expires_at)
+            SELECT i.scope, i.key, i.tenant, i.operation_type, i.fingerprint, i.projection_version,
+                   'processing', 1, %(owner)s, now() + make_interval(secs => %(lease)s), i.message_id,
+                   now() + make_interval(secs => i.body_keep), now() + make_interval(secs => i.key_keep)
+              FROM input AS i ORDER BY i.scope, i.key
+            ON CONFLICT (scope, key) DO NOTHING
+            RETURNING o.scope, o.key
+        )
+        SELECT true AS claimed, pg_current_xact_id_if_assigned()::text AS xid, scope, key,
+               NULL AS fingerprint, NULL::int AS projection_version, NULL AS state, NULL::int AS attempts,
+               NULL AS lease_owner, NULL::bool AS lease_live, NULL AS result_status,
+               NULL AS result_reference, NULL::jsonb AS result_body, NULL AS error_class,
+               NULL AS error_detail, NULL::timestamptz AS completed_at
+          FROM claimed
+        UNION ALL
+        SELECT false AS claimed, NULL AS xid, {columns} FROM {table}
+         WHERE (scope, key) IN (SELECT scope, key FROM input)
+           AND (scope, key) NOT IN (SELECT scope, key FROM claimed)
+        """
+    ).format(table=table, columns=_ROW_COLUMNS))
+    fetch = _render(sql.SQL(
+        """
+        SELECT false AS claimed, NULL AS xid, {columns} FROM {table}
+         WHERE (scope, key) IN (SELECT * FROM unnest(%(scope)s::text[], %(key)s::text[]))
+        """
+    ).format(table=table, columns=_ROW_COLUMNS))
+    # The completion of a batch: every claimed row in one UPDATE ... FROM unnest(...), fenced by
+    # the claiming transaction like the single completion; the events of every item in the same
+    # statement (each event carries its own operation and correlation id).
+    complete = sql.SQL(
+        """
+        UPDATE {table} AS o SET state = 'completed', result_status = d.status,
+               result_reference = d.reference, result_body = d.body, lease_owner = NULL,
+               lease_expires_at = NULL, updated_at = now(), completed_at = now(), watch_since = NULL
+          FROM unnest(%(scope)s::text[], %(key)s::text[], %(status)s::text[], %(reference)s::text[],
+                      %(body)s::jsonb[]) AS d(scope, key, status, reference, body)
+         WHERE o.scope = d.scope AND o.key = d.key AND o.state = 'processing'
+           AND {fence}
+        """
+    ).format(table=table, fence=_FENCES[TRANSACTION])
+    completes = {
+        False: _render(complete),
+        True: _render(sql.SQL("WITH {events} {complete}").format(events=batch_events_cte(schema), complete=complete)),
+    }
+    return BatchStatements(claim=claim, fetch=fetch, complete=completes)

@@ -21,7 +21,7 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.operation_row import OperationRow
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.retention import KEEP, Retention
-from consumer_kit.outbox import events_params
+from consumer_kit.outbox import batch_events_params, events_params
 from consumer_kit.prepared import SessionStatement
 
 
@@ -35,6 +35,18 @@ class Claim:
     xid: str | None
 
 
+@dataclass(frozen=True)
+class BatchClaim:
+    """What :meth:`Ledger.claim_many` found: the ``(scope, key)`` this transaction inserted (it
+    owns them until COMMIT), the rows that already existed, by ``(scope, key)``, and the id of
+    the claiming transaction (``None`` when it inserted nothing). A key in neither had its row
+    vanish between the two reads (retention): the caller runs it on its own."""
+
+    claimed: frozenset[tuple[str, str]]
+    rows: dict[tuple[str, str], OperationRow]
+    xid: str | None
+
+
 class Ledger:
     """The claim and the transitions of operations in ``<schema>.operations`` (statements in
     :mod:`consumer_kit.ledger.operation_sql`)."""
@@ -43,6 +55,7 @@ class Ledger:
         self.schema = schema
         self._sql = operation_statements(schema)
         self._begin_and_claim = SessionStatement("ck_claim", self._sql.claim)
+        self._begin_and_claim_many = SessionStatement("ck_claim_many", self._sql.batch.claim)
 
     async def claim(
         self,
@@ -98,6 +111,86 @@ class Ledger:
         claimed = bool(found.pop("claimed"))
         xid = found.pop("xid")
         return Claim(claimed, OperationRow(**found), xid)
+
+    async def claim_many(
+        self,
+        conn: AsyncConnection[Any],
+        identities: Sequence[OperationIdentity],
+        *,
+        owner: str,
+        lease_seconds: float,
+        message_ids: Sequence[str | None],
+        retentions: Sequence[Retention],
+    ) -> BatchClaim:
+        """Open a transaction and claim every operation of a batch in it: BEGIN and one prepared
+        statement in one round trip (the batch path; keys must be distinct), which also reads the
+        rows that already existed; the ones the claim's snapshot did not show (a concurrent
+        claimer committed meanwhile) are read again with a second statement.
+
+        Raises:
+            psycopg.errors.LockNotAvailable: a concurrent claimer held one of the keys past
+                ``lock_timeout`` (the whole statement failed: nothing is claimed).
+        """
+        params = {
+            "scope": [i.scope for i in identities],
+            "key": [i.key for i in identities],
+            "tenant": [i.tenant for i in identities],
+            "operation_type": [i.operation_type for i in identities],
+            "fingerprint": [i.fingerprint for i in identities],
+            "projection_version": [i.projection_version for i in identities],
+            "message_id": list(message_ids),
+            "body_keep": [r.body_seconds for r in retentions],
+            "key_keep": [r.key_seconds for r in retentions],
+            "owner": owner,
+            "lease": lease_seconds,
+        }
+        claimed: set[tuple[str, str]] = set()
+        rows: dict[tuple[str, str], OperationRow] = {}
+        xid: str | None = None
+        for found in await self._begin_and_claim_many.begin_and_fetchall(conn, params):
+            if found.pop("claimed"):
+                claimed.add((found["scope"], found["key"]))
+                xid = found.pop("xid")
+            else:
+                found.pop("xid")
+                rows[found["scope"], found["key"]] = OperationRow(**found)
+        unseen = [i for i in identities if (i.scope, i.key) not in claimed and (i.scope, i.key) not in rows]
+        if unseen:  # the winner committed after the claim's snapshot: read again
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(
+                    self._sql.batch.fetch, {"scope": [i.scope for i in unseen], "key": [i.key for i in unseen]}
+                )
+                for found in await cur.fetchall():
+                    found.pop("claimed")
+                    found.pop("xid")
+                    rows[found["scope"], found["key"]] = OperationRow(**found)
+        return BatchClaim(frozenset(claimed), rows, xid)
+
+    async def complete_many(
+        self,
+        conn: AsyncConnection[Any],
+        completions: Sequence[tuple[OperationIdentity, StoredResult, Sequence[PendingEvent], str | None]],
+        *,
+        xid: str,
+    ) -> bool:
+        """Mark every claimed operation of a batch ``completed`` with its result and write all
+        their outbox events, in one statement of the claiming transaction ``xid``:
+        ``(identity, result, events, correlation id)`` per operation. ``False`` when the fence no
+        longer holds for all of them (nothing written for those: a handler ended the claim's
+        transaction)."""
+        params: dict[str, Any] = {
+            "scope": [c[0].scope for c in completions],
+            "key": [c[0].key for c in completions],
+            "status": [c[1].status for c in completions],
+            "reference": [c[1].reference for c in completions],
+            "body": [None if c[1].body is None else Jsonb(c[1].body) for c in completions],
+            "xid": xid,
+        }
+        with_events = any(c[2] for c in completions)
+        if with_events:
+            params.update(batch_events_params([(c[2], c[0], c[3]) for c in completions]))
+        cur = await conn.execute(self._sql.batch.complete[with_events], params)
+        return cur.rowcount == len(completions)
 
     async def fetch(self, conn: AsyncConnection[Any], scope: str, key: str) -> OperationRow | None:
         """The row for (scope, key), or ``None``."""

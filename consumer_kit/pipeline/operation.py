@@ -111,6 +111,39 @@ class Operations:
             return Verdict.in_progress("row_vanished")
         return self.decide(claim.row, identity, intent_under)
 
+    async def claim_many(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        batch: Sequence[tuple[OperationIdentity, IntentUnder, str | None, Retention]],
+    ) -> tuple[str | None, list[Verdict | None]]:
+        """Open a transaction on ``conn`` and claim a batch of distinct operations ``(identity,
+        intent_under, message_id, retention)`` in it, BEGIN and one statement in one round trip: the claiming
+        transaction's id (``None``: nothing claimed) and, per operation in order, ``None`` when
+        this transaction claimed it, else the existing row's :class:`Verdict` (the same
+        :meth:`decide` as one claim; a row that vanished between the reads is ``in_progress``
+        ``row_vanished``, as for one claim).
+
+        Raises:
+            psycopg.errors.LockNotAvailable: a concurrent claimer held one of the keys past
+                ``lock_timeout``: the statement failed and the transaction is aborted (which key
+                cannot be told: the caller runs the items one by one).
+            psycopg.Error: the database refused the claim.
+        """
+        async with bounded(self.settings.lock_timeout + self.settings.statement_timeout, "the batch claim"):
+            found = await self.ledger.claim_many(
+                conn, [b[0] for b in batch], owner=self.worker_id, lease_seconds=self.settings.lease_seconds,
+                message_ids=[b[2] for b in batch], retentions=[b[3] for b in batch],
+            )
+        verdicts: list[Verdict | None] = []
+        for identity, intent_under, _, _ in batch:
+            where = (identity.scope, identity.key)
+            if where in found.claimed:
+                verdicts.append(None)
+                continue
+            row = found.rows.get(where)
+            verdicts.append(Verdict.in_progress("row_vanished") if row is None else self.decide(row, identity, intent_under))
+        return found.xid, verdicts
+
     def decide(self, row: OperationRow, identity: OperationIdentity, intent_under: IntentUnder) -> Verdict:
         """What an existing row means for this message or request (order in the module docstring)."""
         if row.fingerprint != identity.fingerprint:
@@ -192,6 +225,26 @@ class Operations:
         if not completed:
             raise TransactionEnded(f"{ran} ended the operation's transaction and began another (COMMIT; BEGIN sent as SQL)")
         return Verdict(VerdictKind.EXECUTED, result=result)
+
+    async def complete_many(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        completions: Sequence[tuple[OperationIdentity, StoredResult, Sequence[PendingEvent], str | None]],
+        *,
+        xid: str,
+    ) -> list[Verdict]:
+        """Complete every operation a batch claimed in transaction ``xid`` with its result and
+        write their outbox events, in one statement: ``executed`` for each, in order.
+
+        Raises:
+            TransactionEnded: a handler of the batch ended the claiming transaction; nothing of
+                the batch's completion was written.
+        """
+        async with bounded(self.settings.statement_timeout, "the batch completion"):
+            completed = await self.ledger.complete_many(conn, completions, xid=xid)
+        if not completed:
+            raise TransactionEnded("a handler of the batch ended its transaction and began another (COMMIT; BEGIN sent as SQL)")
+        return [Verdict(VerdictKind.EXECUTED, result=c[1]) for c in completions]
 
     async def record_failure(
         self,

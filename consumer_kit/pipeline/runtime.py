@@ -23,6 +23,7 @@ by ``handler_timeout``; settlement is bounded by the delivery itself (``settle_t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -47,7 +48,8 @@ from consumer_kit.model.decision import Decision
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
-from consumer_kit.pipeline.admission import Admission
+from consumer_kit.pipeline.admission import Admission, GiveBack
+from consumer_kit.pipeline.batch import BatchItem, BatchOutcome, BatchPath
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision, FaultLimits, fault_decision
 from consumer_kit.pipeline.faults import FaultKind, classify
@@ -60,16 +62,30 @@ from consumer_kit.pipeline.transactional import TransactionalPath, message_inten
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import (
     Counters,
+    DeliveryTrace,
     delivery_span,
     describe_error,
     describe_traceback,
     messaging_system,
     record,
 )
+from consumer_kit.telemetry.tracing import as_current, batch_span, member_span
 
 __all__ = ["Runtime", "RuntimeHooks", "default_worker_id", "open_pool"]
 
 logger = logging.getLogger("consumer_kit.runtime")
+
+
+def _envelope(delivery: Delivery) -> Envelope:
+    return Envelope(
+        delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
+        correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
+        enqueued_at=delivery.first_enqueued_at,  # the operation's earliest trustworthy time
+    )
+
+
+def _invalid(exc: InvalidMessage) -> Decision:
+    return Decision(Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail)
 
 
 def default_worker_id() -> str:
@@ -128,17 +144,14 @@ class Runtime:
         )
         self.transactional = TransactionalPath(pool, settings, self.operations)
         self.leased = LeasedPath(pool, settings, self.operations)
+        self.batch = BatchPath(pool, settings, self.operations)
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
         ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation
         (the delivery is released first)."""
         started = time.monotonic()
-        envelope = Envelope(
-            delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
-            correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
-            enqueued_at=delivery.first_enqueued_at,  # the operation's earliest trustworthy time
-        )
+        envelope = _envelope(delivery)
         with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
             try:
@@ -167,6 +180,75 @@ class Runtime:
         for observe in self.hooks.observers:
             observe(report)
         return report
+
+    async def process_batch(self, deliveries: Sequence[Delivery]) -> list[DeliveryReport]:
+        """Run deliveries that arrived together (one queue) through the batch path and settle
+        each (docs/how-to/batches.md): those of a handler with ``batch_size > 1`` share one
+        transaction (:mod:`consumer_kit.pipeline.batch`); a redelivered one, one whose key may
+        have expired and one of a handler without batches run on their own as :meth:`process`
+        would run them, beside the batch. Each delivery gets its own outcome, settlement, report
+        and span (linked to the batch's). Never raises except ``SimulatedCrash`` (every delivery
+        not yet settled stays so) and cancellation (the unsettled ones are released first)."""
+        if not deliveries:
+            return []
+        started = time.monotonic()
+        batched: list[BatchItem] = []
+        on_own: list[BatchItem] = []
+        decoded_of: dict[int, Decoded | None] = {}
+        decisions: dict[int, Decision] = {}
+        traces: dict[int, DeliveryTrace] = {}
+        with batch_span(deliveries[0].queue, self.messaging_system, len(deliveries)) as span:
+            for delivery in deliveries:
+                notes = traces[id(delivery)] = member_span(delivery, self.messaging_system, span)
+                envelope = _envelope(delivery)
+                decoded_of[id(delivery)] = None
+                try:
+                    with as_current(notes):
+                        decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # 1. decode
+                except InvalidMessage as exc:
+                    decisions[id(delivery)] = _invalid(exc)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
+                    decisions[id(delivery)] = self._after_hook_fault(delivery, exc)
+                    continue
+                notes.decoded(decoded, envelope)
+                decoded_of[id(delivery)] = decoded
+                item = BatchItem(delivery, decoded, envelope, notes)
+                alone = delivery.redelivered or decoded.handler.batch_size <= 1 or self._key_may_have_expired(decoded)
+                (on_own if alone else batched).append(item)
+            try:
+                try:
+                    runs = [self._run_batch(batched)] if batched else []
+                    runs += [self._isolated(item) for item in on_own]
+                    for ran in await asyncio.gather(*runs):  # 2. isolate, 3. run
+                        decisions.update(ran)
+                except SimulatedCrash:
+                    for delivery in deliveries:
+                        if delivery.settlement is None:
+                            crashed = Decision(Outcome.CRASHED, Settlement.RELEASED, reason="crash point")
+                            record(self._report(delivery, decoded_of[id(delivery)], crashed, started), self.counters,
+                                   None, traces[id(delivery)])
+                    raise
+                except asyncio.CancelledError:
+                    for delivery in deliveries:
+                        if delivery.settlement is None:
+                            await delivery.release()  # shutdown: given back uncounted
+                    raise
+                for delivery in deliveries:
+                    traces[id(delivery)].decided(decisions[id(delivery)])
+                await asyncio.gather(*(self._settle(d, decisions[id(d)]) for d in deliveries))  # 4. settle
+            finally:
+                for notes in traces.values():
+                    notes.span.end()
+        reports = []
+        for delivery in deliveries:  # 5. report
+            of = decoded_of[id(delivery)]
+            report = self._report(delivery, of, decisions[id(delivery)], started)
+            record(report, self.counters, of.handler.operation_type if of else None, traces[id(delivery)])
+            for observe in self.hooks.observers:
+                observe(report)
+            reports.append(report)
+        return reports
 
     async def flush_markers(self) -> None:
         """Clear the run-alone markers an unavailable database kept this process from clearing
@@ -197,6 +279,49 @@ class Runtime:
                     return await self._after_fault(delivery, decoded, exc, kind, retried)
                 retried += 1
                 await asyncio.sleep(decided.delay)
+
+    async def _isolated(self, item: BatchItem) -> dict[int, Decision]:
+        with as_current(item.trace):
+            try:
+                return {id(item.delivery): await self.isolation.run(item.delivery, item.decoded, item.envelope)}
+            except InvalidMessage as exc:  # the handler declared its input invalid
+                return {id(item.delivery): _invalid(exc)}
+
+    async def _run_batch(self, items: list[BatchItem]) -> dict[int, Decision]:
+        """The batch's lanes (every partition key it holds, in one order, so two batches never
+        wait on each other crosswise) and one admission slot, then the batch path; the items it
+        hands back run on their own, in delivery order, still inside the lanes and the slot."""
+        keys = sorted({item.decoded.partition_key for item in items if item.decoded.partition_key is not None})
+        try:
+            async with contextlib.AsyncExitStack() as lanes:
+                for key in keys:
+                    await lanes.enter_async_context(self.isolation.lanes.lane(key))
+                async with self.admission.slot():
+                    return await self._execute_batch(items)
+        except GiveBack as back:
+            given_back = Decision(Outcome.RELEASED, Settlement.RELEASED, reason=back.reason)
+            return {id(item.delivery): given_back for item in items}
+
+    async def _execute_batch(self, items: list[BatchItem]) -> dict[int, Decision]:
+        crashpoints.reached(CrashPoint.BEFORE_CLAIM)
+        try:
+            outcome = await self.batch.execute(items)
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if classify(exc) is FaultKind.ENVIRONMENT:
+                released = self._released_for_environment(exc)  # the whole batch, uncounted
+                return {id(item.delivery): released for item in items}
+            # A fault of no single item (the claim or the COMMIT refused): nothing of the batch
+            # committed; each item runs on its own and meets its own fault there.
+            logger.warning("batch of %s failed (%s): running its deliveries one by one", len(items), describe_error(exc))
+            outcome = BatchOutcome(alone=list(items))
+        decisions = {id(item.delivery): self._decided(outcome.verdicts[id(item)]) for item in items if id(item) in outcome.verdicts}
+        for item in outcome.alone:
+            with as_current(item.trace):
+                try:
+                    decisions[id(item.delivery)] = await self._run(item.delivery, item.decoded, item.envelope)
+                except InvalidMessage as exc:  # the handler declared its input invalid
+                    decisions[id(item.delivery)] = _invalid(exc)
+        return decisions
 
     def _decided(self, verdict: Verdict) -> Decision:
         if verdict.kind is VerdictKind.UNCERTAIN:

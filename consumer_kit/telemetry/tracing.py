@@ -28,6 +28,11 @@ Span names and attributes (OpenTelemetry messaging semantic conventions where on
 * children (INTERNAL): ``consumer_kit.claim``, ``consumer_kit.handle`` / ``consumer_kit.reconcile``,
   ``consumer_kit.commit`` (on the leased path: the completion transaction); status ERROR with a
   one-line description (:func:`~consumer_kit.telemetry.describe.describe_error`) when they raise.
+* ``process batch {queue}`` (CONSUMER, the batch path): ``messaging.system``,
+  ``messaging.destination.name``, ``messaging.batch.message_count``; its children are the batch's
+  ``consumer_kit.claim`` and ``consumer_kit.commit``. Each delivery of the batch keeps its own
+  ``process {queue}`` span (continuing its producer's context, with a link to the batch's span) and
+  its own ``consumer_kit.handle`` child.
 * ``publish {destination}`` (PRODUCER, relay): ``messaging.system``, ``messaging.destination.name``,
   ``messaging.message.id`` (the event id), ``messaging.operation.type`` = ``send``,
   ``messaging.operation.name`` = ``publish``, ``consumer_kit.operation.key``,
@@ -204,6 +209,62 @@ def delivery_span(delivery: Delivery, system: str) -> Iterator[DeliveryTrace]:
             yield notes
         finally:
             _current.reset(token)
+
+
+@contextlib.contextmanager
+def batch_span(queue: str, system: str, size: int) -> Iterator[trace.Span]:
+    """The ``process batch {queue}`` CONSUMER span of a batch of ``size`` deliveries, current
+    until the block ends (the batch's claim and commit are its children)."""
+    with tracer.start_as_current_span(
+        f"process batch {queue}", kind=SpanKind.CONSUMER, record_exception=False, set_status_on_exception=False,
+    ) as span:
+        if span.is_recording():
+            span.set_attributes({
+                "messaging.system": system,
+                "messaging.destination.name": queue,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.batch.message_count": size,
+            })
+        yield span
+
+
+def member_span(delivery: Delivery, system: str, batch: trace.Span) -> DeliveryTrace:
+    """The ``process {queue}`` span of one delivery of a batch: the same span as
+    :func:`delivery_span` (continuing the producer's context), linked to the ``batch`` span and
+    not current (:func:`as_current` makes it so around the delivery's own steps). The caller ends
+    it (``trace.span.end()``)."""
+    links = [trace.Link(batch.get_span_context())] if batch.get_span_context().is_valid else None
+    span = tracer.start_span(
+        f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER, links=links,
+        record_exception=False, set_status_on_exception=False,
+    )
+    if span.is_recording():
+        span.set_attributes({
+            "messaging.system": system,
+            "messaging.destination.name": delivery.queue,
+            "messaging.message.id": delivery.message_id or "",
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "consumer_kit.delivery_count": delivery.delivery_count,
+            "consumer_kit.redelivered": delivery.redelivered,
+        })
+    return DeliveryTrace(span)
+
+
+@contextlib.contextmanager
+def as_current(notes: DeliveryTrace | None) -> Iterator[None]:
+    """Make a batch member's span (:func:`member_span`) the current delivery and span for the
+    block (its handler's steps and log lines); ``None``: leave the current one."""
+    if notes is None:
+        yield
+        return
+    token = _current.set(notes)
+    try:
+        with trace.use_span(notes.span, end_on_exit=False):
+            yield
+    finally:
+        _current.reset(token)
 
 
 def current() -> DeliveryTrace | None:

@@ -20,6 +20,7 @@ delivery, including ``crashed`` ones. The harness imports the memory adapter thr
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from consumer_kit.model.operation_row import COMPLETED, FAILED
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.outbox import outbox_events
 from consumer_kit.pipeline import crashpoints
+from consumer_kit.pipeline.batching import Batcher, batch_setting
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.settings import Settings
 from consumer_kit.testing.messages import Sent, encode_body, message_headers
@@ -149,6 +151,14 @@ class Harness:
         self.broker = memory.MemoryBroker(self.schema, lock_timeout=self._lock_timeout)
         self._consumer = memory.MemoryConsumer(self.broker)
         for queue in self.app.queues:
+            size, wait = batch_setting(self.app, queue)
+            if size > 1:  # the batch path, as the worker runs it
+                batcher = Batcher(self._on_batch, size=size, wait=wait, limit=self.settings.concurrency)
+                await self._consumer.subscribe(
+                    queue, functools.partial(self._on_batched, batcher),
+                    prefetch=max(self.settings.concurrency, size * self.settings.concurrency),
+                )
+                continue
             await self._consumer.subscribe(queue, self._on_delivery, prefetch=self.settings.concurrency)
 
     async def close(self) -> None:
@@ -165,11 +175,21 @@ class Harness:
                 )
             self._started = False
 
-    async def _on_delivery(self, delivery: Delivery) -> None:
+    async def _on_batch(self, deliveries: Sequence[Delivery]) -> None:
+        assert self.runtime is not None
+        self.reports.extend(await self.runtime.process_batch(deliveries))
+
+    async def _on_batched(self, batcher: Batcher, delivery: Delivery) -> None:
+        await self._on_delivery(delivery, batcher)
+
+    async def _on_delivery(self, delivery: Delivery, batcher: Batcher | None = None) -> None:
         self._inflight += 1
         self._quiet.clear()
         try:
-            self.reports.append(await self.runtime.process(delivery))
+            if batcher is None:
+                self.reports.append(await self.runtime.process(delivery))
+            else:
+                await batcher.add(delivery)
         except SimulatedCrash as crash:
             # Behave like a dead worker: leave the delivery unsettled; the lock expires, the
             # broker redelivers.

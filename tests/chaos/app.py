@@ -13,7 +13,9 @@ Configured by the environment so a worker process (``consumer-kit worker tests.c
 
 * ``CONSUMER_KIT_DB_SCHEMA``: schema of the ledger, outbox and these tables (names are qualified
   with it, so no ``search_path`` is needed);
-* ``CK_CHAOS_QUEUE``: the command queue; ``CK_CHAOS_EVENTS``: the events exchange.
+* ``CK_CHAOS_QUEUE``: the command queue; ``CK_CHAOS_EVENTS``: the events exchange;
+* ``CK_CHAOS_BATCH``: ``batch_size`` of the handler (default 1: no batches; above 1 the worker
+  runs the batch path, docs/how-to/batches.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ SCHEMA = os.environ.get("CONSUMER_KIT_DB_SCHEMA", "consumer_kit")
 QUEUE = os.environ.get("CK_CHAOS_QUEUE", f"{QUEUE_PREFIX}.commands")
 EVENTS = os.environ.get("CK_CHAOS_EVENTS", f"{QUEUE_PREFIX}.events")
 POISON_ACCOUNT = "poison"
+BATCH = int(os.environ.get("CK_CHAOS_BATCH", "1"))
 
 
 class ChaosCommand(BaseModel):
@@ -111,5 +114,12 @@ def command_body(op: str, amount: int, account: str = "acct-1") -> bytes:
     ).encode()
 
 
+class ChaosBatchHandler(ChaosHandler):
+    """The same effect on the batch path (``handle`` per item, in one transaction per batch)."""
+
+    batch_size = max(BATCH, 2)
+    batch_wait = 0.02
+
+
 app = App("chaos")
-app.subscribe(QUEUE, ChaosHandler())
+app.subscribe(QUEUE, ChaosBatchHandler() if BATCH > 1 else ChaosHandler())

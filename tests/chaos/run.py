@@ -224,6 +224,7 @@ class Chaos:
             CONSUMER_KIT_LOG_LEVEL="WARNING",
             CK_CHAOS_QUEUE=self.queue,
             CK_CHAOS_EVENTS=self.events,
+            CK_CHAOS_BATCH=str(self.args.batch),
             PGAPPNAME=self.appname,
             PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         )
@@ -825,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the server (and a database to connect to) where the run creates its own database")
     parser.add_argument("--broker-url", default=os.environ.get("CONSUMER_KIT_TEST_BROKER_URL", DEFAULT_BROKER_URL))
     parser.add_argument("--close-all", action="store_true", help="rabbitmqctl close_all_connections (dedicated broker only)")
+    parser.add_argument("--batch", type=int, default=1, help="the workers' batch_size (1: no batches)")
     parser.add_argument("--keep", action="store_true", help="keep the database and vhost for inspection")
     parser.add_argument("--logdir", help="process logs (default /tmp/ck-chaos-<seed>_<id>)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")

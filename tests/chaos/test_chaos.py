@@ -32,30 +32,32 @@ def _missing(*, rabbitmqctl: bool = True) -> str | None:
     return None
 
 
-def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", ["1", "10"], ids=["per-delivery", "batches-of-10"])
+def test_bounded_chaos_run(database_url: str, rabbitmq_url: str, tmp_path: Path, batch: str) -> None:
     reason = _missing()
     if reason:
         pytest.skip(reason)
-    _run_and_check(database_url, rabbitmq_url, tmp_path)
+    _run_and_check(database_url, rabbitmq_url, tmp_path, batch)
 
 
-def test_bounded_chaos_run_on_nats(database_url: str, nats_url: str, tmp_path: Path) -> None:  # noqa: F811 - fixture
+@pytest.mark.parametrize("batch", ["1", "10"], ids=["per-delivery", "batches-of-10"])
+def test_bounded_chaos_run_on_nats(database_url: str, nats_url: str, tmp_path: Path, batch: str) -> None:  # noqa: F811 - fixture
     """The same run on NATS JetStream, only the broker URL changed (``ack_wait=10``: a killed
     worker's deliveries come back within the drain)."""
     reason = _missing(rabbitmqctl=False)
     if reason:
         pytest.skip(reason)
-    _run_and_check(database_url, f"{nats_url}?ack_wait=10", tmp_path)
+    _run_and_check(database_url, f"{nats_url}?ack_wait=10", tmp_path, batch)
 
 
-def _run_and_check(database_url: str, broker_url: str, tmp_path: Path) -> None:
+def _run_and_check(database_url: str, broker_url: str, tmp_path: Path, batch: str = "1") -> None:
     duration = os.environ.get("CK_CHAOS_DURATION", "45")
     window = os.environ.get("CK_CHAOS_READ_ONLY_WINDOW", "8")
     summary_file = tmp_path / "summary.json"
     result = subprocess.run(
         [sys.executable, "-m", "tests.chaos.run", "--seed", os.environ.get("CK_CHAOS_SEED", "7"),
          "--duration", duration, "--rate", "15", "--drain-timeout", "60",
-         "--read-only-window", window, "--poison-copies", "2",
+         "--read-only-window", window, "--poison-copies", "2", "--batch", batch,
          "--database-url", database_url, "--broker-url", broker_url,
          "--logdir", str(tmp_path / "logs"), "--summary-json", str(summary_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=float(duration) + 150,

@@ -296,3 +296,42 @@ async def _equals(value: Any, expected: Any) -> bool:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class BatchesOfTen(CreateInvoiceHandler):
+    """The batch path: up to 10 deliveries per transaction; order 13 fails every time."""
+
+    batch_size = 10
+    batch_wait = 0.05
+
+    async def handle(self, message: CreateInvoice, ctx: Context) -> Any:
+        if message.order_id == 13:
+            raise RetryableError("order 13 always fails")
+        return await super().handle(message, ctx)
+
+
+async def test_batches_keep_each_outcome(contract: Contract) -> None:
+    """Deliveries taken in batches (docs/how-to/batches.md): new ones execute once, duplicates
+    and conflicts are answered from the ledger, a failing one is retried then dead-lettered
+    without costing the others their effect."""
+    async with contract.worker(BatchesOfTen(), max_deliveries=2, concurrency=2):
+        for order in range(20):  # order 13 fails on every attempt
+            await contract.driver.send(command(order_id=order, amount=100))
+        await contract.driver.send(command(order_id=3, amount=100))  # a duplicate
+        conflicting = await contract.driver.send(command(order_id=4, amount=5))  # a conflict
+
+        def done(seen: list[Any]) -> bool:
+            final = [r for r in seen if r.outcome not in (Outcome.IN_PROGRESS, Outcome.RETRIED, Outcome.CONTENDED)]
+            return len(final) >= 22
+
+        reports = await contract.reports_until(done, timeout=60)
+    final = [r.outcome.value for r in reports if r.outcome not in (Outcome.IN_PROGRESS, Outcome.RETRIED, Outcome.CONTENDED)]
+    assert sorted(final) == sorted(["executed"] * 19 + ["duplicate", "payload_conflict", "dead_lettered"]), final
+    assert await contract.rows("SELECT count(*) FROM invoices") == [(19,)]
+    assert await contract.rows("SELECT count(*) FROM outbox") == [(19,)]
+    # only the failing operation was counted
+    assert await contract.rows("SELECT key, failures FROM attempts WHERE failures > 0") == [("order-13-rev-2", 2)]
+    dead = await contract.driver.dead_letters(2)
+    assert sorted(d.reason.split(":")[0] for d in dead) == ["max_deliveries_exceeded", "payload_conflict"]
+    assert conflicting in {d.message_id for d in dead}
+    assert await contract.driver.depth() == 0
