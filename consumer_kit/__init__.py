@@ -1,6 +1,6 @@
 """consumer-kit: one business effect per operation on at-least-once queues.
 
-The public API is re-exported here; see README.md for a walkthrough.
+The public API is re-exported here; see docs/tutorial.md for a walkthrough.
 """
 
 from consumer_kit.app import App, load_app

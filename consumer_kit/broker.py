@@ -39,7 +39,7 @@ class Delivery(abc.ABC):
             the adapter cannot tell. The runtime runs such a delivery alone and counts it as a
             possible crash (poison isolation).
         sender: the producer's identity as the broker authenticated it (RabbitMQ validated
-            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (README "Trust").
+            ``user_id``, SQS ``SenderId``), ``None`` where the broker gives none (docs/explanation/trust.md).
         correlation_id: the broker's own correlation-id property, where it has one.
         partition_key: the broker's ordering key (SQS FIFO group id, Service Bus session id).
         enqueued_at: when the broker accepted the message (aware UTC), where it says.

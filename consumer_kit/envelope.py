@@ -37,7 +37,7 @@ class Envelope:
         enqueued_at: when the broker accepted the message (aware UTC), where it says.
         sender: the producer as the broker authenticated it (RabbitMQ validated ``user_id``, SQS
             ``SenderId``), ``None`` where the broker gives none: unlike a header, a producer
-            cannot choose it (README "Trust").
+            cannot choose it (docs/explanation/trust.md).
     """
 
     queue: str

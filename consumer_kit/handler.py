@@ -228,8 +228,8 @@ class Handler(Generic[M]):
             ``None``: until the identity goes); ``consumer-kit prune`` deletes it after.
         key_retention: how long the operation's identity (scope, key, fingerprint, outcome) is
             kept (``None``, the default: for ever). A message older than this that finds no
-            identity row is refused as ``key_expired``, never executed as new (see README
-            "Retention"). Its age is header ``operation-created-at`` (ISO 8601) or the broker's
+            identity row is refused as ``key_expired``, never executed as new (see
+            docs/explanation/retention.md). Its age is header ``operation-created-at`` (ISO 8601) or the broker's
             enqueue time.
         tenant_senders: ``None`` (the default: the tenant is believed as :meth:`tenant` returns it,
             i.e. whatever the producer wrote in ``tenant-id``), or the allow-list
@@ -238,7 +238,7 @@ class Handler(Generic[M]):
             worker's IAM principal on SQS). A delivery whose tenant is not listed for its
             ``envelope.sender`` (or that has no sender) is dead-lettered at once as
             ``invalid_header`` naming ``tenant-id``, before any claim: never executed, and the
-            genuine tenant's key stays free. See README "Trust" for each broker's sender.
+            genuine tenant's key stays free. See docs/explanation/trust.md for each broker's sender.
         permanent: the effects are irreversible (money, entitlements): the identity is never
             deleted, whatever ``key_retention`` says elsewhere (setting both is refused).
         external_effects: the handler calls something outside PostgreSQL (a payment API, e-mail):

@@ -2,7 +2,7 @@
 
 A header is whatever the producer wrote; ``Envelope.sender`` is what the broker authenticated
 (RabbitMQ's validated ``user_id``, SQS's ``SenderId``). ``Handler.tenant_senders`` ties the two
-together so that a producer cannot claim another tenant's operation keys (README "Trust").
+together so that a producer cannot claim another tenant's operation keys (docs/explanation/trust.md).
 """
 
 from __future__ import annotations

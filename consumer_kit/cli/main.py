@@ -55,8 +55,8 @@ cli = typer.Typer(
     help="Idempotent message consumers: one business effect per operation.\n\n"
     "Configuration comes from CONSUMER_KIT_* environment variables: CONSUMER_KIT_DATABASE_URL "
     "(postgresql://...; 'embedded' for a throwaway embedded PostgreSQL under .consumer-kit/pgdata) "
-    "and CONSUMER_KIT_BROKER_URL (amqp://...; memory:// works only inside one process). See "
-    "README.md for the rest.",
+    "and CONSUMER_KIT_BROKER_URL (amqp://...; memory:// works only inside one process). Every "
+    "setting: docs/reference/settings.md (consumer-kit's documentation site).",
 )
 
 

@@ -1,4 +1,4 @@
-"""``consumer-kit prune``: delete expired result bodies, then expired identities (README "Retention").
+"""``consumer-kit prune``: delete expired result bodies, then expired identities (docs/explanation/retention.md).
 
 Safe while workers run (bounded batches that skip rows a worker holds); ``--dry-run`` only counts.
 Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only.

@@ -7,7 +7,7 @@ Field" ("the draft"; sections cited in each module). A client sends
 database writes, the ledger's completion with the response and its outbox events commit in one
 transaction; a retry gets the stored response back marked ``Idempotent-Replayed: true``; events
 carry the key as their ``operation-id``, so a consumer-kit worker downstream runs under the same
-operation key. README "HTTP front door" documents the integration, key format, status codes,
+operation key. docs/how-to/http.md documents the integration, key format, status codes,
 stored-response limit and retention.
 
 One module per job:

@@ -5,7 +5,7 @@ An endpoint gets the :class:`Operation` of the request it serves from :func:`cur
 ``op.connection`` and every event added with ``op.publish`` commits in one transaction with the
 ledger's completion and the stored response, or not at all.
 
-Events carry the operation's identity downstream (README "HTTP and queues, one key"): the outbox
+Events carry the operation's identity downstream (docs/how-to/http.md): the outbox
 row's ``operation_scope``/``operation_key`` columns (the relay's ``operation-scope`` and
 ``operation-key`` headers), and the headers ``operation-id`` = the idempotency key and
 ``tenant-id`` = the client, which a consumer-kit worker reads as its own operation key and tenant.

@@ -189,7 +189,7 @@ class Operations:
         self, conn: psycopg.AsyncConnection[Any], identity: OperationIdentity, intent_under: IntentUnder,
         *, gone: str,
     ) -> Verdict:
-        """A message older than its key retention is never claimed (README "Retention"): its row,
+        """A message older than its key retention is never claimed (docs/explanation/retention.md): its row,
         if still there, decides; without one it is ``key_expired`` with the detail ``gone``."""
         async with bounded(self.settings.statement_timeout, "reading the ledger row"):
             row = await self.ledger.fetch(conn, identity.scope, identity.key)
