@@ -308,3 +308,21 @@ def pgbench(db_url: str, schema: str, script: Path, clients: int, seconds: int,
             return float(line.split()[2])
     logger.warning("pgbench failed: %s", proc.stderr[-1000:])
     return None
+
+
+def format_number(value: Any, digits: int = 0) -> str:
+    """``value`` with thousands separators and ``digits`` decimals; ``n/a`` for None."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def format_summary(summary: dict[str, Any] | None, digits: int = 0) -> str:
+    """'median (min-max, spread %)' of a summary."""
+    if not summary or summary.get("median") is None:
+        return "n/a"
+    spread = summary.get("spread")
+    sp = f", ±{spread * 50:.0f}%" if spread is not None and summary.get("rounds", 0) > 1 else ""
+    return f"{format_number(summary['median'], digits)} ({format_number(summary['min'], digits)}–{format_number(summary['max'], digits)}{sp})"  # noqa: RUF001 - an en dash in a range

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks import common
+
 TARGETS = {
     "ck_vs_naive": 0.85,
     "duplicate_ratio": 2.0,
@@ -17,21 +19,8 @@ TARGETS = {
 }
 
 
-def _f(value: Any, digits: int = 0) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, (int, float)):
-        return f"{value:,.{digits}f}"
-    return str(value)
-
-
-def _ms(summary: dict[str, Any] | None, digits: int = 0) -> str:
-    """'median (min-max, spread %)' of a summary."""
-    if not summary or summary.get("median") is None:
-        return "n/a"
-    spread = summary.get("spread")
-    sp = f", ±{spread * 50:.0f}%" if spread is not None and summary.get("rounds", 0) > 1 else ""
-    return f"{_f(summary['median'], digits)} ({_f(summary['min'], digits)}–{_f(summary['max'], digits)}{sp})"
+_f = common.format_number
+_ms = common.format_summary
 
 
 def _verdict(value: float | None, target: float, *, higher_is_better: bool = True) -> str:

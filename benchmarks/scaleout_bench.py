@@ -159,7 +159,7 @@ def pgbench_ceilings(db_url: str, clients: list[int], seconds: int, *, notify_of
     """pgbench tps of the consumer-kit and naive transaction shapes (the ``pgbench`` scenario's
     scripts) at each client count; with ``notify_off`` also the consumer-kit shape with the
     sessions' outbox NOTIFY switched off (``-c consumer_kit.outbox_notify=off``)."""
-    from benchmarks.runner import PGBENCH_CK, PGBENCH_NAIVE
+    from benchmarks.pgbench_scripts import PGBENCH_CK, PGBENCH_NAIVE
 
     schema = new_name()
     common.create_schema(db_url, schema)
@@ -277,7 +277,7 @@ def scenario_uvloop(mode: str, db_url: str) -> dict[str, Any]:
 
 
 def _ms(summary: dict[str, Any] | None, digits: int = 0) -> str:
-    from benchmarks.report import _ms as fmt
+    fmt = common.format_summary
 
     return fmt(summary, digits)
 
