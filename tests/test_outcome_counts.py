@@ -12,6 +12,7 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 import pytest
 from typer.testing import CliRunner
 
@@ -53,6 +54,13 @@ async def counted(env: Env) -> dict[str, int]:
         "SELECT outcome, sum(count)::int FROM outcome_counts WHERE operation_type = %s GROUP BY outcome", TYPE
     )
     return {str(outcome): int(n) for outcome, n in rows}
+
+
+async def execute(env: Env, statement: str) -> None:
+    async with await psycopg.AsyncConnection.connect(
+        env.database_url, autocommit=True, options=f"-c search_path={env.schema}"
+    ) as conn:
+        await conn.execute(statement.encode())
 
 
 def drain(env: Env) -> list[DeliveryReport]:
@@ -153,7 +161,7 @@ async def test_a_failed_write_is_logged_and_its_counts_written_at_the_next_inter
     env.settings = env.settings.model_copy(update={"summary_interval": 1.0})
     caplog.set_level(logging.WARNING, logger="consumer_kit.worker")
     async with env.worker(mix_app(env)):
-        await env.rows("ALTER TABLE outcome_counts RENAME TO outcome_counts_away; SELECT 1")
+        await execute(env, "ALTER TABLE outcome_counts RENAME TO outcome_counts_away")
         await env.send(command(order_id=6))
         (report,) = await env.next_reports(1)
         assert report.outcome is Outcome.EXECUTED  # the delivery never waits on the counts
@@ -162,7 +170,7 @@ async def test_a_failed_write_is_logged_and_its_counts_written_at_the_next_inter
             return any("outcome counts not written" in r.getMessage() for r in caplog.records)
 
         await until(refused)
-        await env.rows("ALTER TABLE outcome_counts_away RENAME TO outcome_counts; SELECT 1")
+        await execute(env, "ALTER TABLE outcome_counts_away RENAME TO outcome_counts")
 
         async def written() -> bool:
             return await counted(env) == {"executed": 1}
