@@ -17,7 +17,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from consumer_kit.cli.console import Embedded, Field, cell, fail, output, print_records, read_settings, to_json
+from consumer_kit.cli.console import (
+    Embedded,
+    Field,
+    cell,
+    fail,
+    output,
+    print_records,
+    read_settings,
+    to_json,
+)
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
 from consumer_kit.settings import OutboxSettings
 from consumer_kit.stats import Stats, StatsReader, age_text, duration_text
