@@ -25,23 +25,26 @@ class MinuteCounts:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
-        self._counts: collections.Counter[MinuteKey] = collections.Counter()
+        # keyed by the minute's epoch seconds (an int: no datetime made per delivery)
+        self._counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
 
     def add(self, operation_type: str | None, outcome: str, amount: int = 1) -> None:
         """Count ``amount`` deliveries of ``outcome`` now (``operation_type`` ``None``: the
         delivery never decoded, counted under ``""``)."""
-        whole = int(self._clock()) // 60 * 60
-        minute = dt.datetime.fromtimestamp(whole, dt.UTC)
-        self._counts[(operation_type or "", outcome, minute)] += amount
+        self._counts[(operation_type or "", outcome, int(self._clock()) // 60 * 60)] += amount
 
     def take(self) -> dict[MinuteKey, int]:
         """The counts so far, which start again from zero (to write them)."""
-        taken, self._counts = dict(self._counts), collections.Counter()
-        return taken
+        taken, self._counts = self._counts, collections.Counter()
+        return {
+            (kind, outcome, dt.datetime.fromtimestamp(minute, dt.UTC)): count
+            for (kind, outcome, minute), count in taken.items()
+        }
 
     def give_back(self, counts: Mapping[MinuteKey, int]) -> None:
         """Return counts :meth:`take` gave out that could not be written (retried next time)."""
-        self._counts.update(counts)
+        for (kind, outcome, minute), count in counts.items():
+            self._counts[(kind, outcome, int(minute.timestamp()))] += count
 
     def __len__(self) -> int:
         return len(self._counts)
