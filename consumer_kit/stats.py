@@ -4,7 +4,9 @@ parked operations, outbox lag. Used by ``consumer-kit stats`` and
 :mod:`psycopg.sql`.
 
 Where each number comes from (the ledger holds one row per operation, not one per delivery, so
-duplicates and in-progress collisions are only in the metrics, never here):
+the outcomes that leave no row of their own come from the workers' per-minute ``outcome_counts``,
+:mod:`consumer_kit.ledger.outcome_counts`: written every summary interval, so up to one interval
+behind, and a lower bound when a worker was killed without its shutdown):
 
 ===================  =================================================================================
 number               source
@@ -20,6 +22,11 @@ retries              handler faults recorded within the window (``attempts.histo
 contentions          lock timeouts, deadlocks, serialization failures recorded within the window
 crashes              process deaths while running an operation alone, within the window
 crashed_worker       operations parked as crashed_worker within the window
+duplicates           ``outcome_counts``: deliveries answered from a completed operation (``duplicate``)
+payload_conflicts    ``outcome_counts``: same key, different payload, dead-lettered
+in_progress          ``outcome_counts``: deliveries that met another worker's live lease, retried later
+uncertain            ``outcome_counts``: COMMIT without a reply, left for the redelivery to read
+key_expired          ``outcome_counts``: refused as older than their key retention, dead-lettered
 outbox               pending (capped), oldest pending age, parked; published within the window and
                      commit-to-publish latency (``published_at - created_at``: avg, p50, p95, max)
 ===================  =================================================================================
@@ -37,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, sql
+
+from consumer_kit.ledger.outcome_counts import OutcomeCountBook
 
 OUTBOX_COUNT_CAP = 100_000
 """The outbox counts stop at this many rows (a bounded query, even in a long outage)."""
@@ -108,6 +117,12 @@ _OUTBOX_LAG = """
      WHERE published_at >= {since}
 """
 
+# outcome_counts outcomes -> OperationStats fields (the ones the ledger has no row for)
+_COUNTED = {
+    "duplicate": "duplicates", "payload_conflict": "payload_conflicts", "in_progress": "in_progress",
+    "uncertain": "uncertain", "key_expired": "key_expired",
+}
+
 # attempts.history kinds -> OperationStats fields
 _KINDS = {"failure": "retries", "contention": "contentions", "crash": "crashes", "parked": "crashed_worker"}
 
@@ -152,6 +167,11 @@ class OperationStats:
     contentions: int = 0
     crashes: int = 0
     crashed_worker: int = 0
+    duplicates: int = 0
+    payload_conflicts: int = 0
+    in_progress: int = 0
+    uncertain: int = 0
+    key_expired: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,6 +227,7 @@ class StatsReader:
         self._operations = sql.SQL(_OPERATIONS).format(**tables).as_bytes(None)
         self._attempts = sql.SQL(_ATTEMPTS).format(**tables).as_bytes(None)
         self._outbox_lag = sql.SQL(_OUTBOX_LAG).format(**tables).as_bytes(None)
+        self._outcome_counts = OutcomeCountBook(schema)
 
     async def ledger_pressure(self, conn: AsyncConnection[Any]) -> list[LedgerPressure]:
         """Expired leases and parked operations per operation type (only types that have some)."""
@@ -243,6 +264,12 @@ class StatsReader:
             if name is not None:
                 entry = by_type.setdefault(operation_type, OperationStats(operation_type))
                 setattr(entry, name, getattr(entry, name) + int(count))
+        for operation_type, outcomes in (await self._outcome_counts.read(conn, since=since)).items():
+            for outcome, count in outcomes.items():
+                name = _COUNTED.get(outcome)
+                if name is not None and operation_type and count:
+                    entry = by_type.setdefault(operation_type, OperationStats(operation_type))
+                    setattr(entry, name, getattr(entry, name) + count)
         cur = await conn.execute(self._outbox_lag, params)
         lag = await cur.fetchone()
         assert lag is not None

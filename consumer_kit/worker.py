@@ -14,6 +14,10 @@
 * **Graceful shutdown** (SIGTERM/SIGINT): stop taking deliveries, let in-flight ones finish for up
   to ``shutdown_timeout`` seconds, give the rest back (uncounted, not as redeliveries), close
   connections, log a summary, return normally (exit code 0).
+* **Outcome counts** per operation type and minute go to the ledger's ``outcome_counts`` table
+  (:mod:`consumer_kit.ledger.outcome_counts`) in one statement every ``summary_interval`` and once
+  at shutdown, never per delivery; a failed write is logged and retried next interval, and what a
+  killed process (SIGKILL) had not written yet is lost.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from consumer_kit.embedded import database_url
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.health import Health
 from consumer_kit.ledger import migrate, missing_migrations
+from consumer_kit.ledger.outcome_counts import OutcomeCountBook
 from consumer_kit.mark_setup import install_mark_keys
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.admission import Admission
@@ -47,11 +52,13 @@ from consumer_kit.settings import Settings
 from consumer_kit.supervised import Supervised
 from consumer_kit.telemetry.gauges import watch_paused
 from consumer_kit.telemetry.metrics import record_pause
+from consumer_kit.telemetry.minute_counts import MinuteCounts
 
 logger = logging.getLogger("consumer_kit.worker")
 
 _HEARTBEAT = 1.0  # seconds between liveness beats
 _FIRST_PROBE_DELAY = 0.5  # seconds; doubles up to probe_backoff_max
+_FLUSH_TIMEOUT = 5.0  # seconds one write of the outcome counts may take (then retried next time)
 
 
 class Worker:
@@ -125,6 +132,7 @@ class Worker:
                 observers=() if self._on_report is None else (self._on_report,),
             )
             self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission, hooks=hooks)
+            self.runtime.counters.minutes = MinuteCounts()
             consumer = self._consumer = self._consumer or open_consumer(self.settings)
             background: list[asyncio.Task[None]] = []
             try:
@@ -169,6 +177,7 @@ class Worker:
                 await asyncio.gather(*background, return_exceptions=True)
                 await consumer.close()
                 await self.health.close()
+                await self._write_outcome_counts()  # the last interval's, before the pool closes
         finally:
             await pool.close()
         totals = self.runtime.counters.snapshot() if self.runtime else {}
@@ -322,6 +331,29 @@ class Worker:
                     " ".join(f"{k}={v}" for k, v in sorted(now.items())),
                 )
             previous = now
+            await self._write_outcome_counts()
+
+    async def _write_outcome_counts(self) -> None:
+        """Add the outcome counts since the last write to the ledger's ``outcome_counts`` in one
+        statement. Off the deliveries' path (the summary task and shutdown call it); a failure is
+        logged and the counts are kept for the next call."""
+        minutes = self.runtime.counters.minutes if self.runtime else None
+        if minutes is None or self._pool is None or not len(minutes):
+            return
+        counts = minutes.take()
+        try:
+            async with asyncio.timeout(_FLUSH_TIMEOUT):
+                async with self._pool.connection() as conn:
+                    await OutcomeCountBook(self.settings.db_schema).add(conn, counts)
+        except asyncio.CancelledError:
+            minutes.give_back(counts)
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: keep the counts, try next interval
+            minutes.give_back(counts)
+            logger.warning(
+                "outcome counts not written (%s); %s minute counts kept for the next interval",
+                type(exc).__name__, len(minutes),
+            )
 
     # -- start-up --------------------------------------------------------------------------------
 

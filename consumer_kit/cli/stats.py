@@ -3,8 +3,10 @@
     consumer-kit stats [--since 1h] [--json]
 
 Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only (what the numbers mean:
-:mod:`consumer_kit.stats`). Duplicates and in-progress collisions are not in the ledger (one row
-per operation): they are in the metrics (``consumer_kit.duplicates``, ...).
+:mod:`consumer_kit.stats`). Duplicates, payload conflicts, in-progress collisions, uncertain
+outcomes and key-expiry refusals leave no ledger row of their own (one row per operation): they
+come from the workers' per-minute outcome counts (ledger migration 8), written every summary
+interval.
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from consumer_kit.cli.console import Embedded, Field, fail, output, print_records, read_settings, to_json
+from consumer_kit.cli.console import (
+    Embedded,
+    Field,
+    cell,
+    fail,
+    output,
+    print_records,
+    read_settings,
+    to_json,
+)
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
 from consumer_kit.settings import OutboxSettings
 from consumer_kit.stats import Stats, StatsReader, age_text, duration_text
@@ -27,6 +38,19 @@ COLUMNS = (
     ("needs_reconciliation", "reconcile"), ("resolved", "resolved"),
 )
 """(OperationStats field, column title) of the table, in order."""
+
+DELIVERY_COLUMNS = (
+    ("executed", "first"), ("duplicates", "dupes"), ("payload_conflicts", "clash"), ("in_progress", "busy"),
+    ("lease_recovered", "recov"), ("uncertain", "uncert"), ("key_expired", "expired"),
+)
+"""(OperationStats field, short column title) of the deliveries table: short so that it fits 80
+columns; :data:`DELIVERY_LEGEND` spells them out under it."""
+
+DELIVERY_LEGEND = (
+    "first: first executions, dupes: duplicates, clash: payload conflicts, busy: in-progress "
+    "collisions, recov: recovered leases, uncert: uncertain outcomes (COMMIT without a reply), "
+    "expired: key-expiry refusals; dupes to expired from the workers' per-minute counts"
+)
 
 
 def stats(
@@ -70,6 +94,15 @@ def print_stats(result: Stats, since: str, console: Console | None = None) -> No
          Field("oldest stuck / reconcile", 11, "right")),
         rows, console,
     )
+    deliveries = [
+        (row.operation_type, *(getattr(row, field) for field, _ in DELIVERY_COLUMNS)) for row in result.operations
+    ] or [("(none)", *(0 for _ in DELIVERY_COLUMNS))]
+    print_records(
+        f"deliveries, last {since}",
+        (Field("operation type", 12), *(Field(title, 5, "right") for _, title in DELIVERY_COLUMNS)),
+        deliveries, console,
+    )
+    console.print(cell(DELIVERY_LEGEND))
     outbox = result.outbox
     if outbox is None:
         return

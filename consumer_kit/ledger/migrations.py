@@ -1,5 +1,6 @@
-"""The ledger's schema: ordered migrations of the ``operations`` and ``attempts`` tables (the
-outbox's own come from :mod:`consumer_kit.outbox`), applied by :func:`migrate`."""
+"""The ledger's schema: ordered migrations of the ``operations`` and ``attempts`` tables and their
+companions (evidence, mark keys, audit, outcome counts; the outbox's own come from
+:mod:`consumer_kit.outbox`), applied by :func:`migrate`."""
 
 from __future__ import annotations
 
@@ -174,6 +175,23 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
             details  jsonb       NOT NULL DEFAULT '{{}}'::jsonb
         );
         CREATE INDEX IF NOT EXISTS audit_at_idx ON {schema}.audit (at);
+        """,
+    ),
+    (
+        8,
+        # Outcome counts per operation type and minute (consumer_kit.ledger.outcome_counts): the
+        # durable trace of what leaves no row of its own (duplicates, payload conflicts,
+        # in-progress collisions, key-expiry refusals). Written off the hot path: each worker adds
+        # its in-memory counts in one statement per summary interval; pruned by `consumer-kit prune`.
+        """
+        CREATE TABLE IF NOT EXISTS {schema}.outcome_counts (
+            operation_type  text        NOT NULL,
+            outcome         text        NOT NULL,
+            minute          timestamptz NOT NULL,
+            count           bigint      NOT NULL CHECK (count >= 0),
+            PRIMARY KEY (operation_type, outcome, minute)
+        );
+        CREATE INDEX IF NOT EXISTS outcome_counts_minute_idx ON {schema}.outcome_counts (minute);
         """,
     ),
 ]

@@ -4,17 +4,18 @@ The library uses the OpenTelemetry **API** only (a no-op until the application i
 the command-line programs install the SDK when asked (:mod:`consumer_kit.telemetry.setup`). One
 module per job:
 
-===============  ===============================================================================
-module           job
-===============  ===============================================================================
-``metrics``      the metric catalogue (names, units, attributes) and the calls that record them
-``tracing``      the delivery's CONSUMER span and its steps, the relay's PRODUCER span, trace
-                 context through the outbox
-``logs``         the delivery log line, the JSON formatter, what may be logged (allow-lists)
-``describe``     error descriptions and tracebacks without exception texts
-``gauges``       observable gauges read from the database on an interval, and the paused gauge
-``setup``        SDK set-up for the CLIs: Prometheus endpoint, OTLP export
-===============  ===============================================================================
+=================  ===============================================================================
+module             job
+=================  ===============================================================================
+``metrics``        the metric catalogue (names, units, attributes) and the calls that record them
+``tracing``        the delivery's CONSUMER span and its steps, the relay's PRODUCER span, trace
+                   context through the outbox
+``logs``           the delivery log line, the JSON formatter, what may be logged (allow-lists)
+``describe``       error descriptions and tracebacks without exception texts
+``gauges``         observable gauges read from the database on an interval, and the paused gauge
+``setup``          SDK set-up for the CLIs: Prometheus endpoint, OTLP export
+``minute_counts``  outcome counts per operation type and minute, for the ledger's outcome_counts
+=================  ===============================================================================
 
 In-process outcome counters (:class:`Counters`) feed the demo (``examples/invoices/demo.py``), the testing kit and
 health output.
@@ -28,6 +29,7 @@ from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error, describe_traceback
 from consumer_kit.telemetry.logs import log_delivery
+from consumer_kit.telemetry.minute_counts import MinuteCounts
 from consumer_kit.telemetry.tracing import (
     DeliveryTrace,
     delivery_span,
@@ -58,6 +60,9 @@ class Counters:
 
     def __init__(self) -> None:
         self.by_outcome: collections.Counter[str] = collections.Counter()
+        # Set by the worker: outcomes by operation type and minute, for the ledger's
+        # outcome_counts (None: not kept, e.g. an embedded runtime nobody flushes).
+        self.minutes: MinuteCounts | None = None
 
     def __getitem__(self, outcome: str) -> int:
         return self.by_outcome[outcome]
@@ -74,6 +79,8 @@ def record(
     line's correlation id, event ids and evidence)."""
     outcome = report.outcome.value
     counters.by_outcome[outcome] += 1
+    if counters.minutes is not None:
+        counters.minutes.add(operation_type, outcome)
     metrics.record_delivery(
         queue=report.queue, operation_type=operation_type or "", outcome=outcome,
         duration=report.duration_seconds, reason=report.reason,
