@@ -207,6 +207,32 @@ async def test_retry_now_is_our_own_give_back_and_release_an_uncounted_copy(sb: 
     await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
 
 
+async def test_a_give_back_whose_reply_is_lost_stays_our_own_give_back(sb: SBEnv) -> None:
+    """retry(0) is applied by Service Bus but its reply never comes: the settle timeout ends the
+    call with its outcome unknown. The give-back stays remembered, so the redelivery (counted
+    once, as Service Bus did apply it) is not taken for a crash. Forgetting it on any failure made
+    the next delivery a suspect (the race fixed on SQS in issue 24)."""
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    sb.entity().lose_settlement_replies(1)
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if len(received.deliveries) == 1:
+            await delivery.retry(0)  # applied by the server; its reply lost
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer(settle_timeout=1.0)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, again = await received.take(2)
+    assert sb.entity().settlement_replies_lost == 1  # the abandon was applied, unanswered
+    assert first.lost  # the settlement did not answer within settle_timeout
+    assert (again.delivery_count, again.redelivered) == (2, False)
+    assert consumer.counters["suspects"] == 0
+    await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
+
+
 async def test_an_unsettled_delivery_lapses_and_comes_back_as_a_suspect(sb: SBEnv) -> None:
     """A simulated crash (the worker hands the delivery back unsettled): renewal stops, the lock
     lapses, and the redelivery is a suspect, as after a real crash: never missed."""
