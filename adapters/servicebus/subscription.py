@@ -244,6 +244,21 @@ async def dead_letter_raw(route: Route, message: ServiceBusReceivedMessage, deta
         logger.error("dead-lettering an unmappable message of %s failed (%s)", route.entity.path, describe(exc))
 
 
+async def wait_either(wanted: asyncio.Event, stopping: asyncio.Event) -> bool:
+    """Wait until ``wanted`` or ``stopping`` is set; ``True`` when ``wanted`` is. A loop that waits
+    this way ends at a stop even when the cancellation meant to end it was lost: on Python 3.11,
+    ``asyncio.wait_for`` (which the SDK uses inside receive and open) returns its result instead of
+    raising when the cancellation and the result arrive together."""
+    if not wanted.is_set() and not stopping.is_set():
+        waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(stopping.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+    return wanted.is_set()
+
+
 async def wait_unlocked(lock: asyncio.Lock, timeout: float, what: str) -> None:
     """Return once ``lock`` is free (at most ``timeout`` seconds; past that, log ``what``)."""
     try:
