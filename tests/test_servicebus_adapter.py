@@ -550,3 +550,29 @@ async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEn
     assert time.monotonic() - held_at >= delay - 0.2
     assert (again.delivery_count, again.redelivered) == (2, False)
     assert consumer.counters["held_retries"] == 1 and sb.server.entity(topic).scheduled == []
+
+
+@pytest.mark.parametrize("state", ["paused", "slots full"])
+async def test_a_queue_pump_told_to_stop_ends_even_if_its_cancellation_is_lost(sb: SBEnv, state: str) -> None:
+    """The session slots' sibling (issue 25): the stop signal alone, no cancellation (as when the
+    SDK's wait_for swallows it on Python 3.11), ends the pump at its unbounded waits: paused, or
+    every slot holding a delivery that is never settled."""
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    in_hand = asyncio.Event()
+
+    async def handle(delivery: ServiceBusDelivery) -> None:
+        in_hand.set()
+        await asyncio.Event().wait()  # never settles
+
+    consumer = sb.consumer(settle_timeout=1.0)
+    await consumer.subscribe(sb.queue, Received(handle), prefetch=1)
+    await asyncio.wait_for(in_hand.wait(), 10)
+    if state == "paused":
+        await consumer.pause()
+    pump = consumer._pumps[sb.queue]
+    task = pump._task
+    assert task is not None
+    pump._stopping.set()
+    await task.wait_finished(10.0)
+    assert task.finished and task.deaths == 0
