@@ -207,6 +207,32 @@ async def test_retry_now_is_our_own_give_back_and_release_an_uncounted_copy(sb: 
     await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
 
 
+async def test_a_give_back_whose_reply_is_lost_stays_our_own_give_back(sb: SBEnv) -> None:
+    """retry(0) is applied by Service Bus but its reply never comes: the settle timeout ends the
+    call with its outcome unknown. The give-back stays remembered, so the redelivery (counted
+    once, as Service Bus did apply it) is not taken for a crash. Forgetting it on any failure made
+    the next delivery a suspect (the race fixed on SQS in issue 24)."""
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    sb.entity().lose_settlement_replies(1)
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if len(received.deliveries) == 1:
+            await delivery.retry(0)  # applied by the server; its reply lost
+        else:
+            await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer(settle_timeout=1.0)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first, again = await received.take(2)
+    assert sb.entity().settlement_replies_lost == 1  # the abandon was applied, unanswered
+    assert first.lost  # the settlement did not answer within settle_timeout
+    assert (again.delivery_count, again.redelivered) == (2, False)
+    assert consumer.counters["suspects"] == 0
+    await eventually(lambda: sb.entity().messages == [], within=5, what="the completion")
+
+
 async def test_an_unsettled_delivery_lapses_and_comes_back_as_a_suspect(sb: SBEnv) -> None:
     """A simulated crash (the worker hands the delivery back unsettled): renewal stops, the lock
     lapses, and the redelivery is a suspect, as after a real crash: never missed."""
@@ -524,3 +550,29 @@ async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEn
     assert time.monotonic() - held_at >= delay - 0.2
     assert (again.delivery_count, again.redelivered) == (2, False)
     assert consumer.counters["held_retries"] == 1 and sb.server.entity(topic).scheduled == []
+
+
+@pytest.mark.parametrize("state", ["paused", "slots full"])
+async def test_a_queue_pump_told_to_stop_ends_even_if_its_cancellation_is_lost(sb: SBEnv, state: str) -> None:
+    """The session slots' sibling (issue 25): the stop signal alone, no cancellation (as when the
+    SDK's wait_for swallows it on Python 3.11), ends the pump at its unbounded waits: paused, or
+    every slot holding a delivery that is never settled."""
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"x")
+    in_hand = asyncio.Event()
+
+    async def handle(delivery: ServiceBusDelivery) -> None:
+        in_hand.set()
+        await asyncio.Event().wait()  # never settles
+
+    consumer = sb.consumer(settle_timeout=1.0)
+    await consumer.subscribe(sb.queue, Received(handle), prefetch=1)
+    await asyncio.wait_for(in_hand.wait(), 10)
+    if state == "paused":
+        await consumer.pause()
+    pump = consumer._pumps[sb.queue]
+    task = pump._task
+    assert task is not None
+    pump._stopping.set()
+    await task.wait_finished(10.0)
+    assert task.finished and task.deaths == 0

@@ -8,10 +8,13 @@ import asyncio
 import random
 import time
 from collections import defaultdict
+from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusMessage
 
-from consumer_kit.adapters.servicebus import ServiceBusDelivery
+from consumer_kit import supervised
+from consumer_kit.adapters.servicebus import ServiceBusConsumer, ServiceBusDelivery
 from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
     Received,
     SBEnv,
@@ -193,3 +196,75 @@ async def test_a_foreign_session_state_is_kept_and_the_first_delivery_runs_alone
     assert [(d.body, d.redelivered) for d in (first, second)] == [(b"s1-0", True), (b"s1-1", False)]
     await eventually(lambda: queue.messages == [], within=5, what="both completions")
     assert queue.session_state("s1") == b"app-state"
+
+
+# -- stopping while a session slot waits (issue 25: a shutdown that hung on a session slot) ----------
+
+SETTLE = 1.0  # seconds: the consumers' settle_timeout below
+# seconds: what close() may take by its own bounds (a receive given settle_timeout after the stop,
+# the handlers settle_timeout, a slot's give-up (hold, mark) 2 x settle_timeout, the receivers'
+# close settle_timeout), with room for a loaded machine; far below the 30 s receive_wait below,
+# which a slot that missed the stop would wait out
+SHUTDOWN_BOUND = 10 * SETTLE
+LONG_WAIT = 30.0  # seconds: receive_wait, longer than any bound of the test
+
+
+async def _slot_waiting(sb: SBEnv, state: str, *, receive_wait: float) -> tuple[ServiceBusConsumer, Any]:
+    """A consumer with one session slot, left in ``state``; returns it and its slot's pumps."""
+    sb.create_queue(requires_session=True, lock_duration=30)
+    handling = asyncio.Event()
+    handed = 0
+
+    async def handle(delivery: ServiceBusDelivery) -> None:
+        nonlocal handed
+        handed += 1
+        if state == "handling":
+            handling.set()
+            await asyncio.Event().wait()  # never settles: the stop must not wait for it
+        elif state == "crash loop":
+            return None  # handed back unsettled: a simulated crash, again and again
+        else:
+            await delivery.ack()
+
+    if state in ("receiving", "handling", "crash loop"):
+        await sb.send(ServiceBusMessage(b"x", session_id="s-1"))
+    consumer = sb.consumer(settle_timeout=SETTLE, receive_wait=receive_wait, session_entities=[sb.queue])
+    received = Received(handle)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    pumps = consumer._pumps[sb.queue]
+    slot = pumps._slots[0]
+    if state == "accepting":  # no session has messages: the accept waits for one
+        await eventually(lambda: slot._receiving.locked(), within=10, what="an accept in progress")
+    elif state == "receiving":  # the session's only message acked: the next receive waits
+        await received.next()
+        await eventually(lambda: slot._receiving.locked() and slot._current is not None
+                         and slot._current.released.is_set(), within=10, what="a receive in progress")
+    elif state == "handling":
+        await asyncio.wait_for(handling.wait(), 10)
+    elif state == "crash loop":
+        await received.take(3)
+    elif state == "paused":
+        await consumer.pause()
+    return consumer, pumps
+
+
+@pytest.mark.parametrize("state", ["accepting", "receiving", "handling", "paused", "crash loop"])
+async def test_closing_stops_a_session_slot_in_each_waiting_state(sb: SBEnv, state: str) -> None:
+    consumer, _ = await _slot_waiting(sb, state, receive_wait=LONG_WAIT)
+    async with asyncio.timeout(SHUTDOWN_BOUND):  # close() returns once every slot task has ended
+        await consumer.close()
+    assert not supervised.find(f"session slot {sb.queue}")
+    assert consumer.counters["sessions"] >= (0 if state in ("accepting", "paused") else 1)
+
+
+@pytest.mark.parametrize("state", ["accepting", "receiving", "handling", "paused", "crash loop"])
+async def test_a_session_slot_told_to_stop_ends_even_if_its_cancellation_is_lost(sb: SBEnv, state: str) -> None:
+    """The stop signal alone, no cancellation (as when the SDK's wait_for swallows it on Python
+    3.11): the slot ends by itself at its next wait. Its bounded waits (accept, receive: 0.2 s
+    here) end as usual; its unbounded ones (paused, a delivery in hand) end on the signal."""
+    consumer, pumps = await _slot_waiting(sb, state, receive_wait=0.2)
+    await consumer.stop_consuming()
+    slot, task = pumps._slots[0], pumps._tasks[0]
+    slot.stopping.set()
+    await task.wait_finished(SHUTDOWN_BOUND)
+    assert task.finished and task.deaths == 0

@@ -57,7 +57,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from azure.servicebus import ServiceBusReceivedMessage
-from azure.servicebus.exceptions import MessageSizeExceededError
+from azure.servicebus.exceptions import MessageAlreadySettled, MessageSizeExceededError
 
 from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery
@@ -345,13 +345,18 @@ class ServiceBusDelivery(Delivery):
 
     async def _give_back(self) -> None:
         """Abandon, remembered first as our own give-back (the redelivery may reach our receiver
-        before this call returns); forgotten again if the abandon fails (then a lock expiry brings it
-        back, as a suspect)."""
+        before this call returns). Forgotten again only when the abandon was surely not applied:
+        Service Bus refused it (lock lost) or it was never sent (lock known lost, message already
+        settled in the SDK). Any other failure (the settle timeout, a lost or late reply, a dropped
+        link, cancellation) leaves the outcome unknown: Service Bus may have applied it, so it stays
+        remembered. (Forgetting it made the next delivery a suspect, the race fixed on SQS in
+        issue 24.) If it was not applied, the lock lapses, Service Bus counts the same one delivery,
+        and the redelivery is still our own give-back: no worker died holding it."""
         give_backs = self._route.give_backs
         give_backs.record(self.queue, self.sequence_number, self._broker_count, suspect=self.redelivered)
         try:
             await self._sdk(self._route.receiver.abandon_message)
-        except BaseException:
+        except (*LOCK_LOST, LockAlreadyLost, MessageAlreadySettled):
             give_backs.forget(self.queue, self.sequence_number)
             raise
         self._route.counters.add("given_back")

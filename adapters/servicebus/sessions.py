@@ -49,7 +49,7 @@ from .delivery import ServiceBusDelivery
 from .errors import LOCK_LOST, describe
 from .route import Route, SessionLock
 from .session_holds import Hold, clear_hold, take_hold
-from .subscription import PumpContext, dead_letter_raw, log_attempt, wait_unlocked
+from .subscription import PumpContext, dead_letter_raw, log_attempt, wait_either, wait_unlocked
 from .topology import Entity
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,10 @@ class SessionPumps:
 
     async def close(self) -> None:
         """Stop every slot: held retries are given back now and sessions are given up (messages still
-        unsettled go back to their sessions, counted)."""
+        unsettled go back to their sessions, counted). Each slot is told to stop before it is
+        cancelled: a cancellation lost inside the SDK cannot keep it waiting."""
+        for slot in self._slots:
+            slot.stopping.set()
         await asyncio.gather(*(task.stop() for task in self._tasks))
         await asyncio.gather(*(closing for slot in self._slots for closing in list(slot.closing)))
 
@@ -102,14 +105,18 @@ class _SessionSlot:
         self._receiving = asyncio.Lock()
         self._current: ServiceBusDelivery | None = None
         self.closing: set[asyncio.Task[None]] = set()  # receivers of given-up sessions, closing
+        # Set by SessionPumps.close: every unbounded wait of the slot also ends on it, so the slot
+        # stops even if the cancellation that follows is lost (see wait_either).
+        self.stopping = asyncio.Event()
         self.healthy = True
 
     async def quiesce(self) -> None:
         await wait_unlocked(self._receiving, self._context.settle_timeout, f"a session receive on {self.entity.path}")
 
     async def run(self) -> None:
-        while True:
-            await self._context.running.wait()
+        while not self.stopping.is_set():
+            if not await wait_either(self._context.running, self.stopping):
+                return
             requested = time.monotonic()  # the session lock cannot have been granted earlier
             receiver = await self._accept_with_backoff()
             if receiver is None:
@@ -141,7 +148,7 @@ class _SessionSlot:
     async def _accept(self) -> ServiceBusReceiver | None:
         """The next available session's receiver, ``None`` when none had messages in time."""
         async with self._receiving:
-            if not self._context.running.is_set():
+            if not self._context.running.is_set() or self.stopping.is_set():
                 return None
             receiver = self.entity.receiver(self._context.client, session_wait=self._context.receive_wait)
             try:
@@ -169,7 +176,7 @@ class _SessionSlot:
         )
         while not lock.lost:
             async with self._receiving:
-                if not self._context.running.is_set():
+                if not self._context.running.is_set() or self.stopping.is_set():
                     return
                 try:
                     async with asyncio.timeout(self._context.receive_wait + self._context.settle_timeout):
@@ -201,7 +208,8 @@ class _SessionSlot:
                 continue
             self._current = delivery
             self._context.dispatch(delivery, self._callback)
-            await delivery.released.wait()
+            if not await wait_either(delivery.released, self.stopping):
+                return  # stopping: the runtime gave the delivery back already, or it lapses
             if delivery.settlement is None or delivery.lost:
                 return  # handed back unsettled or not settled as asked: give the session up
 

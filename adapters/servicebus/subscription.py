@@ -94,6 +94,9 @@ class EntityPump:
         self._in_hand: set[ServiceBusDelivery] = set()
         self._slot_freed = asyncio.Event()
         self._receiving = asyncio.Lock()
+        # Set by close(): the loop's unbounded waits also end on it, so the pump stops even if the
+        # cancellation that follows is lost inside the SDK (see wait_either).
+        self._stopping = asyncio.Event()
         self._task: Supervised | None = None
         self._receiver_healthy = False
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -138,6 +141,7 @@ class EntityPump:
     async def close(self) -> None:
         """Stop receiving, give held retries back now, close the receiver: what is unsettled goes
         back to the broker when its lock lapses."""
+        self._stopping.set()
         if self._task is not None:
             await self._task.stop()
         await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)), *self._side_tasks)
@@ -148,11 +152,13 @@ class EntityPump:
     # -- the loop -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
-            await self._context.running.wait()
-            await self._wait_for_slot()
+        while not self._stopping.is_set():
+            if not await wait_either(self._context.running, self._stopping):
+                return
+            if not await self._wait_for_slot():
+                return
             async with self._receiving:
-                if not self._context.running.is_set():
+                if not self._context.running.is_set() or self._stopping.is_set():
                     continue
                 try:
                     requested = time.monotonic()  # no lock handed out now can have started earlier
@@ -205,10 +211,13 @@ class EntityPump:
         self._in_hand.discard(delivery)
         self._slot_freed.set()
 
-    async def _wait_for_slot(self) -> None:
+    async def _wait_for_slot(self) -> bool:
+        """Wait until fewer than ``prefetch`` deliveries are in hand; ``False`` when stopping."""
         while len(self._in_hand) >= self._prefetch:
             self._slot_freed.clear()
-            await self._slot_freed.wait()
+            if not await wait_either(self._slot_freed, self._stopping):
+                return False
+        return True
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -221,6 +230,8 @@ class EntityPump:
             wait=BACKOFF, before_sleep=log_attempt(f"re-creating the receiver of {self.entity.path}")
         ):
             with attempt:
+                if self._stopping.is_set():
+                    return
                 await self.open()
         self._context.counters.add("reconnects")
         logger.info("receiver of %s re-created", self.entity.path)
@@ -242,6 +253,21 @@ async def dead_letter_raw(route: Route, message: ServiceBusReceivedMessage, deta
         route.counters.add("dead_lettered")
     except Exception as exc:  # noqa: BLE001 - its lock lapses and it comes back
         logger.error("dead-lettering an unmappable message of %s failed (%s)", route.entity.path, describe(exc))
+
+
+async def wait_either(wanted: asyncio.Event, stopping: asyncio.Event) -> bool:
+    """Wait until ``wanted`` or ``stopping`` is set; ``True`` when ``wanted`` is. A loop that waits
+    this way ends at a stop even when the cancellation meant to end it was lost: on Python 3.11,
+    ``asyncio.wait_for`` (which the SDK uses inside receive and open) returns its result instead of
+    raising when the cancellation and the result arrive together."""
+    if not wanted.is_set() and not stopping.is_set():
+        waits = [asyncio.ensure_future(wanted.wait()), asyncio.ensure_future(stopping.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+    return wanted.is_set()
 
 
 async def wait_unlocked(lock: asyncio.Lock, timeout: float, what: str) -> None:

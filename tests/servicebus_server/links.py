@@ -344,6 +344,8 @@ class ServiceBusHandler(Handler):
             delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
+        if consumer.queue.take_lost_reply():
+            return  # applied, the reply lost (test hook): the delivery stays unsettled, unanswered
         remote = delivery.remote
         if delivery.remote_state == Delivery.MODIFIED:
             delivery.local.failed = remote.failed

@@ -84,6 +84,9 @@ class Queue(SendTarget):
         super().__init__(path, options, lock)
         self.kind = kind
         self._clock = clock  # the broker's clock (epoch seconds; the server may skew it)
+        # test hook: settlements applied but never answered (lose_settlement_replies)
+        self.settlement_replies_to_lose = 0
+        self.settlement_replies_lost = 0
         self._messages: dict[int, StoredMessage] = {}
         self._available: list[int] = []  # sequence numbers of active, unlocked messages, sorted
         self._locks: dict[Any, StoredMessage] = {}
@@ -93,6 +96,21 @@ class Queue(SendTarget):
             if kind == self.DEAD_LETTER_QUEUE
             else Queue(path + wire.DEAD_LETTER_SUFFIX, options, lock, kind=self.DEAD_LETTER_QUEUE, clock=clock)
         )
+
+    def lose_settlement_replies(self, count: int = 1) -> None:
+        """Test hook: the next ``count`` settlements by disposition on this entity are applied but
+        never answered (the reply lost on its way: the SDK waits until its caller's bound)."""
+        with self._lock:
+            self.settlement_replies_to_lose = count
+
+    def take_lost_reply(self) -> bool:
+        """Whether the reply to a settlement just applied is to be lost (one of ``count``)."""
+        with self._lock:
+            if self.settlement_replies_to_lose <= 0:
+                return False
+            self.settlement_replies_to_lose -= 1
+            self.settlement_replies_lost += 1
+            return True
 
     @property
     def requires_session(self) -> bool:
