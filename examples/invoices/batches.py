@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from consumer_kit import Context, PermanentFailure, Result
-from examples.invoices.app import CreateInvoice, CreateInvoiceHandler, InvoiceCreated
+
+from .app import CreateInvoice, CreateInvoiceHandler, InvoiceCreated
 
 INSERT_INVOICES = (
     "INSERT INTO invoices (order_id, revision, customer_id, amount_cents, currency) "
