@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,10 +32,16 @@ def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str) -> Non
         env["CONSUMER_KIT_DATABASE_URL"] = url
     env["COLUMNS"] = "160"
     env["PYTHONPATH"] = str(REPO)  # for examples.invoices.demo; consumer_kit.demo is installed
-    result = subprocess.run(
-        [sys.executable, "-m", module],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
-    )
+    schema = f"ck_demo_{uuid.uuid4().hex[:12]}"  # the test database is shared with other runs
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", module, "--schema", schema],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+        )
+    finally:
+        if AS_ROOT:
+            with psycopg.connect(env["CONSUMER_KIT_DATABASE_URL"], autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "all checks passed" in out

@@ -77,21 +77,22 @@ def _phases() -> list[list[tuple[str, bytes, bool]]]:
     ]
 
 
-async def run_demo(settings: Settings, console: Console | None = None) -> int:
-    """Run the demo; returns the process exit code (0: balances and outbox check out)."""
+async def run_demo(settings: Settings, console: Console | None = None, schema: str = DEMO_SCHEMA) -> int:
+    """Run the demo in ``schema`` (dropped and recreated first); returns the process exit code
+    (0: balances and outbox check out)."""
     console = console or Console(width=None if sys.stdout.isatty() else 130)
 
-    settings = settings.model_copy(update={"db_schema": DEMO_SCHEMA, "max_deliveries": 3})
+    settings = settings.model_copy(update={"db_schema": schema, "max_deliveries": 3})
     url = database_url(settings)
     console.print(f"[bold]consumer-kit demo[/bold]: PostgreSQL {_where(url)}, memory broker")
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(DEMO_SCHEMA)))
-        await migrate(conn, DEMO_SCHEMA)
-        await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(DEMO_SCHEMA)))
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        await migrate(conn, schema)
+        await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
         await create_tables(conn)
 
     broker = MemoryBroker("demo", lock_timeout=LOCK_TIMEOUT)
-    pool = await open_pool(settings, url, search_path=DEMO_SCHEMA)
+    pool = await open_pool(settings, url, search_path=schema)
     runtime = Runtime(app, pool, settings, worker_id="demo")
     rows: list[tuple[str, DeliveryReport | None, int]] = []
     labels: dict[str, str] = {}
@@ -123,7 +124,7 @@ async def run_demo(settings: Settings, console: Console | None = None) -> int:
         await pool.close()
 
     _print_deliveries(console, rows)
-    balances = await _balances(url)
+    balances = await _balances(url, schema)
     unique_commands = sum(counts for phase in _phases() for _, _, counts in phase)
     return _print_checks(console, expected, balances, published, unique_commands, broker.dead_letters(QUEUE))
 
@@ -136,11 +137,11 @@ async def _relay(settings: Settings, url: str, broker: Any) -> int:
     return published
 
 
-async def _balances(url: str) -> dict[str, int]:
+async def _balances(url: str, schema: str) -> dict[str, int]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         cur = await conn.execute(
             sql.SQL("SELECT customer_id, invoiced_cents FROM {} ORDER BY 1").format(
-                sql.Identifier(DEMO_SCHEMA, "customers")
+                sql.Identifier(schema, "customers")
             )
         )
         return {row[0]: row[1] for row in await cur.fetchall()}
@@ -205,17 +206,19 @@ def _where(url: str) -> str:
     return "embedded (pgserver)" if "host=/" in url or "host=%2F" in url else url.split("@")[-1]
 
 
-def main(log_level: LogLevel = "ERROR", library_log_level: LibraryLogLevel = "WARNING") -> None:
+def main(
+    log_level: LogLevel = "ERROR", library_log_level: LibraryLogLevel = "WARNING", schema: str = DEMO_SCHEMA
+) -> None:
     """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
 
     Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL (the ``embedded`` extra;
-    not as root); the broker is the
-    in-process memory broker. Drops and recreates the schema consumer_kit_demo on each run.
+    not as root); the broker is the in-process memory broker. Drops and recreates ``--schema``
+    (default consumer_kit_demo) on each run: give another one on a shared database.
     Exit code 0 when every balance equals the sum of the unique commands."""
     setup_logging(log_level, library_log_level)
     settings = read_settings(Settings)
     with user_errors(settings):  # no pgserver, root, no server: one `error:` line, exit 2
-        code = asyncio.run(run_demo(settings))
+        code = asyncio.run(run_demo(settings, schema=schema))
     raise typer.Exit(code)
 
 
