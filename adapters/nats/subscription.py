@@ -8,8 +8,9 @@ consumer is not ready meanwhile (the loop: :mod:`consumer_kit.pull_consumer`).
 **Handed back unsettled.** A delivery whose hand-over ended without a settlement (a crash point
 fired: the runtime treats it as process death) is *left to lapse*: no longer held, not renewed,
 not given back at close, so its ``ack_wait`` lapses and JetStream redelivers it, counted, as after
-a real crash (:meth:`~consumer_kit.pull_consumer.PulledQueue.leave_to_lapse`). **The same message again** (a redelivery of a message still held, after its lock
-lapsed): the earlier delivery loses its lock (it will not ack) and the new one is handed out.
+a real crash (:meth:`~consumer_kit.pull_consumer.PulledQueue.leave_to_lapse`). **The same message
+again** (a redelivery of a message still held, after its lock lapsed): the earlier delivery loses
+its lock (it will not ack) and the new one is handed out.
 """
 
 from __future__ import annotations
