@@ -6,7 +6,8 @@ The core never imports an adapter: ``amqp://`` maps to the module registered und
 (a third). The consumer factory takes the worker's :class:`~consumer_kit.settings.WorkerSettings`;
 the publisher and dead-letter factories take only the ``broker`` group
 (:class:`~consumer_kit.settings.BrokerSettings`: the relay's settings are one, not worker settings).
-A module that lacks a required factory is refused when it is loaded.
+A module that lacks a required factory is refused when it is loaded; one whose SDK is missing
+names its pip extra itself (:class:`~consumer_kit.extras.MissingExtra`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from urllib.parse import urlparse
 
 from consumer_kit.broker import Consumer, DeadLetterQueues
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.extras import MissingExtra
 from consumer_kit.model.events import WatchedEvent
 from consumer_kit.publishing import Publisher
 from consumer_kit.settings import BrokerSettings, Settings
@@ -87,10 +89,10 @@ def adapter_for(url: str) -> ModuleType:
         raise ConfigurationError(f"no broker adapter for scheme {scheme!r} (known: {', '.join(known)})")
     try:
         module = importlib.import_module(found[0].value)
+    except MissingExtra as exc:  # the adapter names its extra (consumer_kit.extras)
+        raise ConfigurationError(f"the {scheme!r} adapter needs an extra: {exc.hint} ({exc.missing})") from exc
     except ImportError as exc:
-        raise ConfigurationError(
-            f"the {scheme!r} adapter needs an extra: pip install 'consumer-kit[{_extra(scheme)}]' ({exc})"
-        ) from exc
+        raise ConfigurationError(f"the {scheme!r} adapter {found[0].value} cannot be imported ({exc})") from exc
     check_adapter(module, scheme)
     return module
 
@@ -150,6 +152,3 @@ def open_tap(settings: Settings) -> EventTap:
 def _adapter(settings: BrokerSettings) -> BrokerAdapter:
     return cast(BrokerAdapter, adapter_for(settings.broker_url))  # adapter_for checked it
 
-
-def _extra(scheme: str) -> str:
-    return {"amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "sqs", "sb": "servicebus", "servicebus": "servicebus", "nats": "nats"}.get(scheme, "all")

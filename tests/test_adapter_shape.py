@@ -4,9 +4,12 @@ and the one set of counters (:class:`consumer_kit.counters.Counters`). No broker
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 import types
-from importlib.metadata import entry_points
+from importlib.metadata import entry_points, metadata
 
 import pytest
 
@@ -141,3 +144,43 @@ def test_a_counted_attribute_lives_in_its_owners_counters() -> None:
     assert one.counters.snapshot() == {"deletes": 2, "retries": 0}
     with pytest.raises(AttributeError):
         _ = Counting.deletes
+
+
+# -- a missing SDK names its extra ---------------------------------------------------------------
+
+# scheme -> (a module of the adapter's SDK, the extra that installs it)
+SDKS = {
+    "sqs": ("boto3", "sqs"), "nats": ("nats", "nats"), "amqp": ("aio_pika", "rabbitmq"),
+    "amqps": ("aiormq", "rabbitmq"), "servicebus": ("azure.servicebus", "servicebus"), "sb": ("azure.servicebus", "servicebus"),
+}
+
+_WITHOUT_SDK = """
+import json, sys
+from consumer_kit.brokers import adapter_for
+from consumer_kit.errors import ConfigurationError
+said = {}
+for scheme, sdk in json.loads(sys.argv[1]).items():
+    sys.modules[sdk] = None  # import of it fails, as when the extra is not installed
+    try:
+        adapter_for(scheme + "://")
+        said[scheme] = "loaded"
+    except ConfigurationError as exc:
+        said[scheme] = str(exc)
+    del sys.modules[sdk]
+print(json.dumps(said))
+"""
+
+
+def test_an_adapter_whose_sdk_is_missing_names_the_extra_to_install() -> None:
+    assert set(SDKS) | {"memory"} == {ep.name for ep in entry_points(group=GROUP)}  # every adapter is tried
+    sdks = json.dumps({scheme: sdk for scheme, (sdk, _) in SDKS.items()})
+    ran = subprocess.run([sys.executable, "-c", _WITHOUT_SDK, sdks], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    said = json.loads(ran.stdout)
+    declared = set(metadata("consumer-kit").get_all("Provides-Extra") or [])
+    for scheme, (sdk, extra) in SDKS.items():
+        assert said[scheme].startswith(
+            f"the {scheme!r} adapter needs an extra: pip install 'consumer-kit[{extra}]' ("
+        ), (scheme, said[scheme])
+        assert sdk in said[scheme]  # the missing module is named too
+        assert extra in declared  # an extra pip knows

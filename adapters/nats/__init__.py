@@ -48,6 +48,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from consumer_kit.extras import MissingExtra
+
+try:
+    import nats  # noqa: F401 - the SDK of the nats extra
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+    raise MissingExtra("nats", missing) from missing
+
 from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import NATSConfig

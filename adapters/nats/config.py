@@ -23,12 +23,11 @@ part            meaning
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.url_options import flag, url_options
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 _KNOWN = {"ack_wait", "heartbeat", "fetch_wait", "ordered", "max_deliver"}
 
 
@@ -71,32 +70,18 @@ class NATSConfig:
         hosts = [h for h in parts.netloc.split(",") if h]
         if not hosts:
             raise ConfigurationError("a nats:// URL names a server: nats://HOST[:PORT]")
-        options = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-        unknown = sorted(set(options) - _KNOWN)
-        if unknown:
-            raise ConfigurationError(f"unknown nats:// option(s) {', '.join(unknown)}; known: {sorted(_KNOWN)}")
+        options = url_options(parts.query, _KNOWN, scheme="nats")
         user = hosts[0].rsplit("@", 1)[0] + "@" if "@" in hosts[0] else ""
         servers = tuple(urlunsplit((parts.scheme, h if "@" in h else user + h, "", "", "")) for h in hosts)
         max_deliver = options.get("max_deliver")
         return cls(
             servers=servers,
             ack_wait=_seconds(options, "ack_wait", 30.0, 1.0, 43_200.0),
-            heartbeat=_flag(options, "heartbeat", True),
+            heartbeat=flag(options, "heartbeat", True, scheme="nats"),
             fetch_wait=_seconds(options, "fetch_wait", 5.0, 0.1, 60.0),
-            ordered=_flag(options, "ordered", False),
+            ordered=flag(options, "ordered", False, scheme="nats"),
             max_deliver=None if max_deliver is None else int(_seconds(options, "max_deliver", 0, 2, 1_000_000)),
         )
-
-
-def _flag(options: dict[str, str], name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"nats:// option {name} must be true or false, not {value!r}")
 
 
 def _seconds(options: dict[str, str], name: str, default: float, low: float, high: float) -> float:

@@ -14,11 +14,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
-from consumer_kit.supervised import Supervised, all_running
+from consumer_kit.broker import DeliveryCallback
+from consumer_kit.pull_consumer import PullConsumer
 
 from .config import NATSConfig
 from .connection import NATSConnection
@@ -33,8 +32,9 @@ logger = logging.getLogger(__name__)
 _CLOSE_MARGIN = 5.0  # seconds a closing consumer waits beyond fetch_wait
 
 
-class NATSConsumer(Consumer):
-    """Consume JetStream work queues through durable pull consumers.
+class NATSConsumer(PullConsumer[Subscription, NATSDelivery]):
+    """Consume JetStream work queues through durable pull consumers (pause, resume, stop and the
+    hand-overs: :class:`~consumer_kit.pull_consumer.PullConsumer`).
 
     Args:
         config: the parsed ``nats://`` URL.
@@ -47,6 +47,9 @@ class NATSConsumer(Consumer):
         heartbeat: the ``in_progress()`` heartbeat (``extensions``).
     """
 
+    log = logger
+    release_task = "consumer-kit nats release"
+
     def __init__(
         self, config: NATSConfig, *, max_deliveries: int = 5, crash_limit: int = 3, settle_timeout: float = 10.0,
         handler_timeout: float | None = None, connection: NATSConnection | None = None,
@@ -55,6 +58,7 @@ class NATSConsumer(Consumer):
             raise ValueError("max_deliveries and crash_limit must be >= 1")
         if settle_timeout <= 0:
             raise ValueError("settle_timeout must be > 0 seconds")
+        super().__init__(settle_timeout=settle_timeout)
         self.config = config
         self._owns_connection = connection is None
         self.connection = connection or NATSConnection(config)
@@ -63,29 +67,13 @@ class NATSConsumer(Consumer):
             logger.warning("max_deliver=%s is not above max_deliveries + crash_limit=%s: JetStream may stop "
                            "delivering a message before consumer-kit dead-letters it",
                            self._max_deliver, max_deliveries + crash_limit)
-        self._settle_timeout = settle_timeout
         self._handler_timeout = handler_timeout
         self.heartbeat = Heartbeat(enabled=config.heartbeat)
-        self._subscriptions: dict[str, Subscription] = {}
-        self._pullers: dict[str, Supervised] = {}
-        self._handlers = CallbackTasks()
-        self._releases: set[asyncio.Task[None]] = set()
-        self._resumed = asyncio.Event()
-        self._resumed.set()
-        self._consuming = True
-        self._closed = False
 
     @property
     def ready(self) -> bool:
         """True while connected, the last pull of every queue worked and no task is down."""
-        return (
-            not self._closed and self.connection.connected
-            and not any(s.failing for s in self._subscriptions.values())
-            and all_running([*self._pullers.values(), *self.heartbeat.supervised()])
-        )
-
-    def subscription(self, queue: str) -> Subscription:
-        return self._subscriptions[queue]
+        return self.connection.connected and self._pulling_well(*self.heartbeat.supervised())
 
     async def _queue(self, queue: str) -> QueueInfo:
         try:
@@ -107,12 +95,7 @@ class NATSConsumer(Consumer):
             ConfigurationError: an invalid name, or JetStream refused a stream or the consumer.
             ConnectionError: NATS cannot be reached.
         """
-        if prefetch < 1:
-            raise ValueError("prefetch must be >= 1")
-        if self._closed or not self._consuming:
-            raise RuntimeError("consumer is stopped")
-        if queue in self._subscriptions:
-            raise ValueError(f"queue {queue!r} is already subscribed")
+        self._check_new(queue, prefetch)
         info = await self._queue(queue)
         js = await self.connection.jetstream()
         pull = await js.pull_subscribe_bind(durable=info.durable, stream=info.stream)
@@ -121,10 +104,7 @@ class NATSConsumer(Consumer):
             max_payload=await self.connection.max_payload(), fetch_wait=self.config.fetch_wait,
             settle_timeout=self._settle_timeout, wanted=self._wants_deliveries, dispatch=self._dispatch,
         )
-        self._subscriptions[queue] = subscription
-        self._pullers[queue] = Supervised(
-            f"consumer-kit nats pull {queue}", lambda: subscription.pull_until_stopped(self._resumed)
-        ).start()
+        self._start_pulling(queue, subscription, name=f"consumer-kit nats pull {queue}")
         timeout = self._handler_timeout
         if timeout is not None and not self.heartbeat.enabled and timeout >= info.ack_wait:
             logger.warning("heartbeat=off and handler_timeout=%ss is not below ack_wait=%ss on queue=%s: a slow "
@@ -139,38 +119,12 @@ class NATSConsumer(Consumer):
         info = await self._queue(queue)
         return [info.stream, info.dlq_stream, f"{info.stream}/{info.durable}"]
 
-    async def pause(self) -> None:
-        if self._resumed.is_set():
-            self._resumed.clear()
-            logger.info("paused consuming queues=%s", ",".join(self._subscriptions))
-
-    async def resume(self) -> None:
-        if not self._resumed.is_set() and self._consuming:
-            self._resumed.set()
-            logger.info("resumed consuming queues=%s", ",".join(self._subscriptions))
-
-    async def stop_consuming(self) -> None:
-        self._consuming = False
-        for subscription in self._subscriptions.values():
-            subscription.stop()
-        self._resumed.set()  # a paused loop wakes up to see it is stopped
-
     async def close(self) -> None:
         """Stop consuming, give back every held delivery (module docstring), close the connection."""
-        if self._closed:
+        if not await self._wind_down(self.config.fetch_wait + _CLOSE_MARGIN):
             return
-        await self.stop_consuming()
-        await asyncio.gather(*(p.wait_finished(self.config.fetch_wait + _CLOSE_MARGIN) for p in self._pullers.values()))
-        self._closed = True
-        await self._handlers.cancel(self._settle_timeout)
-        for subscription in self._subscriptions.values():
-            for delivery in subscription.unsettled():
-                self._give_back(delivery)
-        if self._releases:
-            await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
         await self.heartbeat.close()
-        for puller in self._pullers.values():
-            puller.cancel()
+        self._cancel_pullers()
         for subscription in self._subscriptions.values():
             try:
                 await subscription.pull.unsubscribe()
@@ -181,26 +135,8 @@ class NATSConsumer(Consumer):
 
     # -- deliveries --------------------------------------------------------------------------
 
-    def _wants_deliveries(self) -> bool:
-        return self._consuming and self._resumed.is_set() and not self._closed
-
     def _dispatch(self, subscription: Subscription, delivery: NATSDelivery) -> None:
         if not self._wants_deliveries():  # pulled while pausing or closing: back at once, never cancelled
             self._give_back(delivery)
             return
         self._handlers.start(self._handle(subscription, delivery))
-
-    async def _handle(self, subscription: Subscription, delivery: NATSDelivery) -> None:
-        try:
-            await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
-        except asyncio.CancelledError:
-            raise  # closing: close() gives back what is still unsettled
-        except BaseException:
-            subscription.leave_to_lapse(delivery)  # e.g. SimulatedCrash straight from a callback
-            raise
-        subscription.leave_to_lapse(delivery)  # no-op when settled, as it should be
-
-    def _give_back(self, delivery: NATSDelivery) -> None:
-        task = asyncio.create_task(delivery.release(), name="consumer-kit nats release")
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)

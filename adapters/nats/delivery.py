@@ -36,8 +36,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.envelope import CORRELATION_ID_HEADER, PARTITION_KEY_HEADER
+from consumer_kit.pull_consumer import PulledDelivery
 
 from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,
@@ -62,7 +62,7 @@ class LockLost(Exception):
     """The delivery's ``ack_wait`` lapsed before its settlement."""
 
 
-class NATSDelivery(Delivery):
+class NATSDelivery(PulledDelivery):
     """One message of a pull (settlement table in the module docstring).
 
     ``message_id`` is ``x-consumer-kit-message-id`` (on copies), else ``Nats-Msg-Id`` (the
@@ -134,14 +134,6 @@ class NATSDelivery(Delivery):
         return await self._renew(self)
 
     # -- settlement --------------------------------------------------------------------------
-
-    async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
-        first = self.settlement is None
-        try:
-            await super()._settle(how, hook)
-        finally:
-            if first:
-                self._on_settled(self)
 
     async def _ack(self) -> None:
         self._ensure_lock()

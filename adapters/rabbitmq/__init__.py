@@ -64,6 +64,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from consumer_kit.extras import MissingExtra
+
+try:
+    import aio_pika  # noqa: F401 - the SDK of the rabbitmq extra
+    import aiormq  # noqa: F401
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+    raise MissingExtra("rabbitmq", missing) from missing
+
 from consumer_kit.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.settings import BrokerSettings, Settings
 

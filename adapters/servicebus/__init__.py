@@ -91,6 +91,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from consumer_kit.extras import MissingExtra
+
+try:
+    import azure.servicebus  # noqa: F401 - the SDK of the servicebus extra
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+    raise MissingExtra("servicebus", missing) from missing
+
 from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SCHEMES, Namespace, ServiceBusConfig, ServiceBusSettings

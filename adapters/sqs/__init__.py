@@ -74,6 +74,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from consumer_kit.extras import MissingExtra
+
+try:
+    import boto3  # noqa: F401 - the SDK of the sqs extra
+    import botocore  # noqa: F401
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+    raise MissingExtra("sqs", missing) from missing
+
 from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SQSConfig

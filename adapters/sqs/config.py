@@ -30,15 +30,14 @@ user info is refused without echoing it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.settings.sqs import MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS, SQSURLOptions
+from consumer_kit.url_options import flag, url_options
 
 __all__ = ["MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "SQSConfig"]
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 _KNOWN = set(SQSURLOptions.model_fields)  # the settings tree's sqs group states each option
 _DEFAULT_WAIT = int(str(SQSURLOptions.default("wait")))
 
@@ -81,11 +80,8 @@ class SQSConfig:
                 "sqs:// URLs take no credentials: the AWS credential chain supplies them "
                 "(AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a role)"
             )
-        options = {name: values[-1] for name, values in parse_qs(parts.query).items()}
-        unknown = sorted(set(options) - _KNOWN)
-        if unknown:
-            raise ConfigurationError(f"unknown sqs:// option(s) {', '.join(unknown)}; known: {sorted(_KNOWN)}")
-        tls = _flag(options, "tls", bool(SQSURLOptions.default("tls")))
+        options = url_options(parts.query, _KNOWN, scheme="sqs")
+        tls = flag(options, "tls", bool(SQSURLOptions.default("tls")), scheme="sqs")
         endpoint = f"{'https' if tls else 'http'}://{parts.netloc}" if parts.netloc else None
         account = parts.path.strip("/") or None
         if account is not None and not (account.isdigit() and len(account) == 12):
@@ -100,20 +96,9 @@ class SQSConfig:
                 None if visibility is None
                 else _bounded(visibility, "visibility", 1, MAX_VISIBILITY_SECONDS)
             ),
-            heartbeat=_flag(options, "heartbeat", cls.heartbeat),
-            create_queues=_flag(options, "create_queues", cls.create_queues),
+            heartbeat=flag(options, "heartbeat", cls.heartbeat, scheme="sqs"),
+            create_queues=flag(options, "create_queues", cls.create_queues, scheme="sqs"),
         )
-
-
-def _flag(options: dict[str, str], name: str, default: bool) -> bool:
-    value = options.get(name)
-    if value is None:
-        return default
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ConfigurationError(f"sqs:// option {name} must be true or false, not {value!r}")
 
 
 def _bounded(value: str, name: str, low: int, high: int) -> int:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
-from consumer_kit.supervised import Supervised, all_running
+from consumer_kit.broker import DeliveryCallback
+from consumer_kit.pull_consumer import PullConsumer
 
 from .config import MAX_VISIBILITY_SECONDS, SQSConfig
 from .connection import SQSClient
@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 _CLOSE_MARGIN = 15.0  # seconds a closing consumer waits beyond the long-poll wait
 
 
-class SQSConsumer(Consumer):
-    """Consume SQS standard and FIFO queues.
+class SQSConsumer(PullConsumer[Subscription, SQSDelivery]):
+    """Consume SQS standard and FIFO queues (pause, resume, stop and the hand-overs:
+    :class:`~consumer_kit.pull_consumer.PullConsumer`).
 
     Args:
         config: the parsed ``sqs://`` URL.
@@ -59,6 +60,9 @@ class SQSConsumer(Consumer):
         settler: the settlement calls (``deletes``, ``stale_receipts``, ``delete_retries``).
     """
 
+    log = logger
+    release_task = "consumer-kit sqs release"
+
     def __init__(
         self,
         config: SQSConfig,
@@ -74,6 +78,7 @@ class SQSConsumer(Consumer):
             raise ValueError("max_deliveries, crash_limit and concurrency must be >= 1")
         if settle_timeout <= 0:
             raise ValueError("settle_timeout must be > 0 seconds")
+        super().__init__(settle_timeout=settle_timeout)
         self.config = config
         self._owns_client = client is None
         self.client = client or SQSClient(config, threads=concurrency + 2, pollers=4)
@@ -82,28 +87,16 @@ class SQSConsumer(Consumer):
             self.client, account_id=config.account_id,
             max_receive_count=recommended_max_receive_count(max_deliveries, crash_limit),
         )
-        self._settle_timeout = settle_timeout
         self._handler_timeout = handler_timeout
         self.settler = Settler(self.client)
         self.heartbeat = Heartbeat(self.client, enabled=config.heartbeat)
-        self._subscriptions: dict[str, Subscription] = {}
         self._lanes: dict[str, GroupLanes] = {}
-        self._pollers: dict[str, Supervised] = {}
-        self._handlers = CallbackTasks()
-        self._releases: set[asyncio.Task[None]] = set()
-        self._resumed = asyncio.Event()
-        self._resumed.set()
-        self._consuming = True
-        self._closed = False
 
     @property
     def ready(self) -> bool:
         """True while the last poll of every queue worked and no poll loop or heartbeat is down
         (readiness)."""
-        return (
-            not self._closed and not any(s.failing for s in self._subscriptions.values())
-            and all_running([*self._pollers.values(), *self.heartbeat.supervised()])
-        )
+        return self._pulling_well(*self.heartbeat.supervised())
 
     @property
     def receives(self) -> int:
@@ -112,9 +105,6 @@ class SQSConsumer(Consumer):
     @property
     def duplicates_absorbed(self) -> int:
         return sum(s.duplicates_absorbed for s in self._subscriptions.values())
-
-    def subscription(self, queue: str) -> Subscription:
-        return self._subscriptions[queue]
 
     # -- Consumer API ------------------------------------------------------------------------
 
@@ -129,12 +119,7 @@ class SQSConsumer(Consumer):
             ConsumerKit ConfigurationError: the queue has no dead-letter queue.
             botocore errors: SQS refused or did not answer.
         """
-        if prefetch < 1:
-            raise ValueError("prefetch must be >= 1")
-        if self._closed or not self._consuming:
-            raise RuntimeError("consumer is stopped")
-        if queue in self._subscriptions:
-            raise ValueError(f"queue {queue!r} is already subscribed")
+        self._check_new(queue, prefetch)
         if self.config.create_queues:
             info = await self._directory.ensure(queue, dead_letters=True)
         else:
@@ -149,14 +134,11 @@ class SQSConsumer(Consumer):
             settle_timeout=self._settle_timeout, wanted=self._wants_deliveries,
             dispatch=self._dispatch, give_back=self._give_back,
         )
-        self._subscriptions[queue] = subscription
         if info.fifo:
             self._lanes[queue] = GroupLanes(
                 lambda delivery: self._handle(subscription, delivery), self._release_now
             )
-        self._pollers[queue] = Supervised(
-            f"consumer-kit sqs poll {queue}", lambda: subscription.poll_until_stopped(self._resumed)
-        ).start()
+        self._start_pulling(queue, subscription, name=f"consumer-kit sqs poll {queue}")
         logger.info(
             "consuming queue=%s (%s, %s) prefetch=%s visibility=%ss heartbeat=%s dead letters to %s",
             queue, info.name, "FIFO" if info.fifo else "standard", prefetch, visibility,
@@ -182,53 +164,17 @@ class SQSConsumer(Consumer):
             raise
         return [info.name, dead_letters.name]
 
-    async def pause(self) -> None:
-        """Start no new poll until :meth:`resume`; held deliveries still settle. Idempotent."""
-        if self._resumed.is_set():
-            self._resumed.clear()
-            logger.info("paused consuming queues=%s", ",".join(self._subscriptions))
-
-    async def resume(self) -> None:
-        """Poll again after :meth:`pause`. Idempotent."""
-        if not self._resumed.is_set() and self._consuming:
-            self._resumed.set()
-            logger.info("resumed consuming queues=%s", ",".join(self._subscriptions))
-
-    async def stop_consuming(self) -> None:
-        """End the poll loops; held deliveries can still be settled."""
-        self._consuming = False
-        for subscription in self._subscriptions.values():
-            subscription.stop()
-        self._resumed.set()  # a paused loop wakes up to see it is stopped
-
     async def close(self) -> None:
         """Stop consuming, give back every held delivery (module docstring), close the client."""
-        if self._closed:
+        if not await self._wind_down(self.config.wait_seconds + _CLOSE_MARGIN):
             return
-        await self.stop_consuming()
-        await asyncio.gather(
-            *(p.wait_finished(self.config.wait_seconds + _CLOSE_MARGIN) for p in self._pollers.values())
-        )
-        self._closed = True
-        lane_tasks = [t for lanes in self._lanes.values() for t in lanes.tasks]
-        await self._handlers.cancel(self._settle_timeout, also=lane_tasks)
-        for subscription in self._subscriptions.values():
-            for delivery in list(subscription.held.values()):
-                if delivery.settlement is None:
-                    self._give_back(delivery)
-        if self._releases:
-            await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
         await self.heartbeat.close()
         await self.settler.close()
-        for poller in self._pollers.values():
-            poller.cancel()
+        self._cancel_pullers()
         if self._owns_client:
             await self.client.close()
 
     # -- deliveries --------------------------------------------------------------------------
-
-    def _wants_deliveries(self) -> bool:
-        return self._consuming and self._resumed.is_set() and not self._closed
 
     def _dispatch(self, subscription: Subscription, delivery: SQSDelivery) -> None:
         lanes = self._lanes.get(subscription.queue)
@@ -237,24 +183,8 @@ class SQSConsumer(Consumer):
             return
         self._handlers.start(self._handle(subscription, delivery))
 
-    async def _handle(self, subscription: Subscription, delivery: SQSDelivery) -> None:
-        try:
-            await hand_over(delivery, subscription.callback, wanted=self._wants_deliveries())
-        except asyncio.CancelledError:
-            raise  # closing: close() gives back what is still unsettled
-        except BaseException:
-            subscription.leave_to_lapse(delivery)  # e.g. SimulatedCrash straight from a callback
-            raise
-        subscription.leave_to_lapse(delivery)  # no-op when settled, as it should be
-
-    def _give_back(self, delivery: SQSDelivery) -> None:
-        task = asyncio.create_task(self._release_now(delivery), name="consumer-kit sqs release")
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
-
-    @staticmethod
-    async def _release_now(delivery: SQSDelivery) -> None:
-        await delivery.release()
+    def _other_handlers(self) -> list[asyncio.Task[None]]:
+        return [t for lanes in self._lanes.values() for t in lanes.tasks]
 
     def _check(self, queue: str, info: QueueInfo, visibility: int) -> None:
         if info.redrive is None:

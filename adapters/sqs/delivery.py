@@ -57,8 +57,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery, Settlement, sender_across_copies
+from consumer_kit.broker import sender_across_copies
 from consumer_kit.envelope import CORRELATION_ID_HEADER
+from consumer_kit.pull_consumer import PulledDelivery
 
 from .config import MAX_VISIBILITY_SECONDS
 from .envelope import (
@@ -86,7 +87,7 @@ DEFAULT_GROUP = "consumer-kit"
 """``MessageGroupId`` of a FIFO copy or event that has no partition key."""
 
 
-class SQSDelivery(Delivery):
+class SQSDelivery(PulledDelivery):
     """One received SQS message (settlement table in the module docstring).
 
     ``message_id`` is the ``x-consumer-kit-message-id`` attribute (the outbox event ID, kept on
@@ -191,14 +192,6 @@ class SQSDelivery(Delivery):
         return await self._renew(self)
 
     # -- settlement --------------------------------------------------------------------------
-
-    async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
-        first = self.settlement is None
-        try:
-            await super()._settle(how, hook)
-        finally:
-            if first:
-                self._on_settled(self)
 
     async def _ack(self) -> None:
         self._ensure_lock()

@@ -36,11 +36,12 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.pull_consumer import PulledQueue
 
 from .connection import SQSClient
 from .delivery import DEFAULT_GROUP, SQSDelivery
@@ -64,8 +65,8 @@ ATTEMPT_ID_SECONDS = 240.0
 """A failed FIFO receive is retried with its attempt id for this long: SQS keeps one 5 minutes."""
 
 
-class Subscription:
-    """One queue, polled by a task of its own.
+class Subscription(PulledQueue[dict[str, Any], SQSDelivery]):
+    """One queue, polled by a task of its own (the loop: :class:`~consumer_kit.pull_consumer.PulledQueue`).
 
     Args:
         queue: the consumer-kit queue name.
@@ -87,6 +88,11 @@ class Subscription:
         failing: the last poll failed.
     """
 
+    log = logger
+    verb = "receive"
+    lapse_note = "no longer extended, it comes back when its visibility lapses"
+    _heartbeat: Heartbeat
+
     def __init__(
         self,
         queue: str,
@@ -105,19 +111,13 @@ class Subscription:
         dispatch: Callable[[Subscription, SQSDelivery], None],
         give_back: Callable[[SQSDelivery], None],
     ) -> None:
-        self.queue, self.info, self.dead_letters = queue, info, dead_letters
-        self.callback, self.prefetch = callback, prefetch
-        self._client, self._settler, self._heartbeat = client, settler, heartbeat
+        super().__init__(queue, callback, prefetch, heartbeat=heartbeat)
+        self.info, self.dead_letters = info, dead_letters
+        self._client, self._settler = client, settler
         self.visibility, self._wait_seconds, self._settle_timeout = visibility, wait_seconds, settle_timeout
         self._wanted, self._dispatch, self._give_back = wanted, dispatch, give_back
-        self.held: dict[str, SQSDelivery] = {}
-        self._room = asyncio.Event()
-        self._room.set()
         self.receives = 0
         self.duplicates_absorbed = 0
-        self.left_to_lapse = 0
-        self.failing = False
-        self._stopping = False
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._unanswered: tuple[float, dict[str, Any]] | None = None  # a failed FIFO receive
 
@@ -141,40 +141,26 @@ class Subscription:
         self._unanswered = None
         return params
 
-    def stop(self) -> None:
-        """Poll no more (the poll in flight finishes; what it brings is given back)."""
-        self._stopping = True
-        self._room.set()
+    async def _pull(self, room: int, requested_at: float) -> list[dict[str, Any]]:
+        params = self._receive_params(room)
+        try:
+            reply = await self._client.poll(**params)
+        except Exception:
+            if self.info.fifo and self._unanswered is None:
+                self._unanswered = (requested_at, params)  # its messages may be in flight
+            raise
+        self._unanswered = None
+        return list(reply.get("Messages", []))
 
-    async def poll_until_stopped(self, resumed: asyncio.Event) -> None:
-        """The poll loop: wait until resumed and there is room, receive, accept, repeat."""
-        failures = 0
-        while not self._stopping:
-            await resumed.wait()
-            room = self.prefetch - len(self.held)
-            if room <= 0:
-                self._room.clear()
-                await self._room.wait()
-                continue
-            requested_at = time.monotonic()
-            params = self._receive_params(room)
-            try:
-                reply = await self._client.poll(**params)
-            except Exception as exc:  # noqa: BLE001 - an outage: back off and poll again
-                if self.info.fifo and self._unanswered is None:
-                    self._unanswered = (requested_at, params)  # its messages may be in flight
-                failures += 1
-                if not self.failing:
-                    logger.warning("receive from queue=%s failed (%s); retrying", self.queue, describe(exc))
-                self.failing = True
-                await asyncio.sleep(min(5.0, 0.1 * 2 ** (failures - 1)))
-                continue
-            if self.failing:
-                logger.info("receive from queue=%s works again", self.queue)
-            self.failing, failures = False, 0
-            self._unanswered = None
-            for raw in reply.get("Messages", []):
-                self.accept(raw, requested_at)
+    async def _take(self, messages: Sequence[dict[str, Any]], requested_at: float) -> None:
+        for raw in messages:
+            self.accept(raw, requested_at)
+
+    def _describe(self, exc: Exception) -> str:
+        return describe(exc)
+
+    def _key(self, delivery: SQSDelivery) -> str:
+        return delivery.sqs_message_id
 
     def accept(self, raw: dict[str, Any], requested_at: float) -> SQSDelivery | None:
         """Take one received message: absorb a broker duplicate, else make a delivery, hold it
@@ -240,19 +226,8 @@ class Subscription:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
-    def leave_to_lapse(self, delivery: SQSDelivery) -> None:
-        """The worker's hand-over of ``delivery`` ended and left it unsettled: stop holding it
-        (module docstring), so its visibility lapses and SQS redelivers it. No-op once settled."""
-        if delivery.settlement is not None:
-            return
-        self.left_to_lapse += 1
-        logger.info(
-            "queue=%s message_id=%s handed back unsettled: no longer extended, it comes back when "
-            "its visibility lapses", self.queue, delivery.message_id,
-        )
-        self._settled(delivery)
-
     def _settled(self, delivery: SQSDelivery) -> None:
+        """As the base's, but a held retry (FIFO) takes its predecessor's place."""
         self._heartbeat.drop(delivery)
         successor = delivery.successor if delivery.settlement is not None and not delivery.lost else None
         if self.held.get(delivery.sqs_message_id) is delivery:

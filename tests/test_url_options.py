@@ -1,0 +1,57 @@
+"""Broker URL options read the same way by every adapter (:mod:`consumer_kit.url_options`): the
+flags and unknown options of ``sqs://`` and ``nats://`` URLs. No broker needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumer_kit.adapters.nats import NATSConfig
+from consumer_kit.adapters.sqs import SQSConfig
+from consumer_kit.errors import ConfigurationError
+from consumer_kit.url_options import flag, url_options
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("on", True),
+        ("TRUE", True),
+        ("1", True),
+        ("yes", True),
+        ("off", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+    ],
+)
+def test_a_flag_takes_the_usual_spellings_in_any_case(value: str, expected: bool) -> None:
+    assert flag({"heartbeat": value}, "heartbeat", not expected, scheme="x") is expected
+    assert SQSConfig.from_url(f"sqs://127.0.0.1:1?heartbeat={value}").heartbeat is expected
+    assert NATSConfig.from_url(f"nats://127.0.0.1?ordered={value}").ordered is expected
+
+
+def test_an_absent_flag_is_its_default_and_the_last_repeated_value_wins() -> None:
+    assert flag({}, "heartbeat", True, scheme="x") is True
+    assert url_options("wait=1&wait=2", {"wait"}, scheme="sqs") == {"wait": "2"}
+    assert SQSConfig.from_url("sqs://127.0.0.1:1?tls=on&tls=off").endpoint_url == "http://127.0.0.1:1"
+
+
+def test_a_flag_that_is_neither_says_which_option_of_which_scheme() -> None:
+    with pytest.raises(
+        ConfigurationError, match=r"^sqs:// option create_queues must be true or false, not 'maybe'$"
+    ):
+        SQSConfig.from_url("sqs://127.0.0.1:1?create_queues=maybe")
+    with pytest.raises(
+        ConfigurationError, match=r"^nats:// option heartbeat must be true or false, not 'sometimes'$"
+    ):
+        NATSConfig.from_url("nats://127.0.0.1?heartbeat=sometimes")
+
+
+def test_an_unknown_option_is_refused_with_the_known_ones_and_never_the_url() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        NATSConfig.from_url("nats://user:secret@127.0.0.1?ack_wait=5&colour=blue&size=3")
+    text = str(refused.value)
+    assert text.startswith("unknown nats:// option(s) colour, size; known: ['ack_wait', ")
+    assert "secret" not in text
+    with pytest.raises(ConfigurationError, match=r"^unknown sqs:// option\(s\) colour; known: \["):
+        SQSConfig.from_url("sqs://127.0.0.1:1?colour=blue")
