@@ -135,11 +135,11 @@ async def test_the_relay_publishes_every_event_once_through_a_throttled_send(sb:
 async def test_dlq_count_peeks_again_through_a_throttled_peek(sb: SBEnv) -> None:
     sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"a", b"b", b"c")
-    received = Received(lambda d: d.dead_letter("poison", "test"))
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=3)
-    await received.take(3)
-    await eventually(lambda: len(sb.entity().dead_letters) == 3, within=10, what="three dead letters")
+    async with asyncio.timeout(SDK_CALL_TIMEOUT), sb.receiver(sb.queue, prefetch=3) as receiver:
+        found = await receiver.receive_messages(max_message_count=3, max_wait_time=2)
+        for message in found:  # one at a time: the SDK needs its settlements in order
+            await receiver.dead_letter_message(message, reason="poison")
+    assert len(sb.entity().dead_letters) == 3
     dead_letters = f"{sb.queue}/$DeadLetterQueue"
     sb.server.throttle(dead_letters, "peek", 1)
     letters = ServiceBusDeadLetters(sb.namespace, receive_wait=0.3)
