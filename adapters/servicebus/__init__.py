@@ -36,6 +36,8 @@ module              job (the words before the dash are the same in every adapter
 ``copies``          broker-only: the sender of retry and release copies (and the queue's size limit)
 ``counters``        broker-only: the names the consumer counts
                     (:class:`consumer_kit.counters.Counters`)
+``throttling``      broker-only: ``ServiceBusServerBusyError`` waited out with backoff (settlements,
+                    sends, peeks, receives)
 ==================  ================================================================================
 
 Mapping (details in each module):

@@ -33,6 +33,7 @@ from consumer_kit.publishing import PublishError
 from .connection import close_quietly
 from .errors import describe, is_refusal, publish_error
 from .limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
+from .throttling import while_throttled
 from .topology import sender_for
 
 logger = logging.getLogger(__name__)
@@ -170,7 +171,10 @@ class EntityBatcher:
     ) -> None:
         try:
             async with asyncio.timeout(self._send_timeout):
-                await sender.send_messages(payload)
+                # Throttled: sent again after a backoff (throttling.py), within the send's bound.
+                await while_throttled(
+                    lambda: sender.send_messages(payload), what=f"a send of {len(members)} events to {self.entity}"
+                )
         except Exception as exc:  # noqa: BLE001 - classified below
             if len(members) > 1 and is_refusal(exc):
                 logger.warning(

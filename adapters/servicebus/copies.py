@@ -11,6 +11,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from .connection import close_quietly
 from .limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
+from .throttling import while_throttled
 from .topology import sender_for
 
 
@@ -49,10 +50,11 @@ class Copies:
         self._sender = sender
         try:
             await check_fits_alone(sender, copy, body_size=body_size, what=what)
-            if when is None:
-                await sender.send_messages(copy)
-            else:
-                await sender.schedule_messages(copy, when)
+            # Throttled: sent again after a backoff (throttling.py), within the settlement's bound.
+            await while_throttled(
+                (lambda: sender.send_messages(copy)) if when is None else (lambda: sender.schedule_messages(copy, when)),
+                what=f"the {what} to {self.queue}",
+            )
         except TooLarge:
             raise
         except Exception:

@@ -75,6 +75,7 @@ from .envelope import (
 )
 from .errors import LOCK_LOST, dead_letter_error, describe, is_refusal
 from .limits import TooLarge, check_fits_alone
+from .throttling import while_throttled
 from .topology import Entity, sender_for
 
 logger = logging.getLogger(__name__)
@@ -257,9 +258,10 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             count = min(PEEK_PAGE, most - seen)
             receiver = self._browser(entity)
             try:
-                page = await self._call(
-                    entity, "peek", receiver.peek_messages(max_message_count=count, sequence_number=start)
-                )
+                page = await self._call(entity, "peek", while_throttled(  # throttled: peeked again (throttling.py)
+                    lambda r=receiver, n=count, at=start: r.peek_messages(max_message_count=n, sequence_number=at),
+                    what=f"a peek of {entity.dead_letter_path}",
+                ))
             except BaseException:
                 self._browsers.pop(entity.path, None)  # a fresh receiver for the next call
                 await close_quietly(receiver, self._call_timeout, "a dead-letter browser")

@@ -77,6 +77,7 @@ from .limits import TooLarge
 from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
 from .route import Route
+from .throttling import while_throttled
 
 logger = logging.getLogger(__name__)
 
@@ -417,11 +418,17 @@ class ServiceBusDelivery(Delivery):
 
     async def _sdk(self, settle: Callable[[ServiceBusReceivedMessage], Awaitable[None]]) -> None:
         """Run one SDK settlement on the message, unless its lock is known lost; a lock reported
-        lost now is remembered (never settled as done afterwards) and counted."""
+        lost now is remembered (never settled as done afterwards) and counted. A throttled one
+        (``ServiceBusServerBusyError``) is made again after a backoff, within ``settle_timeout``."""
         if self.lock_lost:
             raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
         try:
-            await settle(self._message)
+            # Throttled: made again after a backoff, on the same receiver and lock (throttling.py).
+            await while_throttled(
+                lambda: settle(self._message),
+                what=f"a settlement of queue={self.queue} message_id={self.message_id}",
+                counters=self._route.counters,
+            )
         except LOCK_LOST:
             self._lost_lock()
             raise

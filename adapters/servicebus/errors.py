@@ -14,8 +14,10 @@ queue) *when this message alone was sent*
 no such queue or topic (``MessagingEntityNotFoundError``), the  row         the entity may appear or
 entity is disabled (``MessagingEntityDisabledError``)                       be enabled later
 connection, communication, authentication, timeout, server      transient   the broker or the network
-busy, quota exceeded, anything else, and any refusal of a batch             is at fault; retry soon
-of several messages (each is then sent alone, see the publisher)
+busy (once sending again with backoff overran                               is at fault; retry soon
+``confirm_timeout``, :mod:`.throttling`), quota exceeded,
+anything else, and any refusal of a batch of several messages
+(each is then sent alone, see the publisher)
 ==============================================================  ==========  ========================
 """
 

@@ -10,7 +10,10 @@ first message; :meth:`EntityPump.quiesce` takes that lock, so once it returns no
 progress and none starts while deliveries are not wanted (pause, shutdown). A receive that fails
 (connection lost, link detached, entity gone) drops the receiver and re-creates it with
 exponential backoff (tenacity, 0.1 s doubling to 5 s) until it works; deliveries handed out on the
-old receiver cannot be settled anymore and come back from the broker when their locks lapse.
+old receiver cannot be settled anymore and come back from the broker when their locks lapse. A
+throttled receive (``ServiceBusServerBusyError``) first waits the throttle backoff
+(:mod:`~consumer_kit.adapters.servicebus.throttling`), counted ``throttled``: with SDK 7.15 it
+arrives only as the link's detach, so the receiver is re-created all the same.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .lock_clock import LockDurations
 from .redelivery import GiveBacks
 from .renewal import LockKeeper
 from .route import Route
+from .throttling import backoff_seconds, is_throttled
 from .topology import Entity
 
 logger = logging.getLogger(__name__)
@@ -99,6 +103,7 @@ class EntityPump:
         self._stopping = asyncio.Event()
         self._task: Supervised | None = None
         self._receiver_healthy = False
+        self._throttled_in_a_row = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -168,8 +173,15 @@ class EntityPump:
                 else:
                     failure = None
             if failure is not None:
+                if is_throttled(failure):
+                    # server-busy on a receive reaches the SDK only as its link's detach (7.15):
+                    # the receiver is gone, but a new one waits out the throttle (throttling.py).
+                    self._context.counters.add("throttled")
+                    if not await self._back_off_throttled(failure):
+                        return
                 await self._reconnect(failure)
                 continue
+            self._throttled_in_a_row = 0
             for message in messages:
                 self._hand_out(message, requested)
 
@@ -235,6 +247,21 @@ class EntityPump:
                 await self.open()
         self._context.counters.add("reconnects")
         logger.info("receiver of %s re-created", self.entity.path)
+
+    async def _back_off_throttled(self, failure: Exception) -> bool:
+        """Wait out a throttled receive (longer each time in a row); ``False`` when stopping."""
+        self._throttled_in_a_row += 1
+        wait = backoff_seconds(self._throttled_in_a_row)
+        logger.warning(
+            "Service Bus throttled a receive on %s (%s): receiving again in %.1fs",
+            self.entity.path, describe(failure), wait,
+        )
+        try:
+            async with asyncio.timeout(wait):
+                await self._stopping.wait()
+        except TimeoutError:
+            return True
+        return False
 
     async def _drop_receiver(self) -> None:
         receiver, self._receiver, self._route = self._receiver, None, None

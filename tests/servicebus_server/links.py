@@ -36,6 +36,7 @@ from .errors import BrokerError, MessageTooLarge, NotAllowed, SessionLockLost
 from .queues import MessageSession, Queue, Settlement
 from .sections import EncodedMessage, unbatch
 from .send_target import SendTarget
+from .throttling import ServerBusy, Throttles
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class ServiceBusHandler(Handler):
         self._consumers: list[Consumer] = []
         self._pending_sessions: list[PendingSessionAttach] = []
         self.connections: set[Any] = set()  # open connections, for shutdown
+        self.throttles = Throttles()  # test hook: operations answered "server busy" (throttling.py)
 
     # -- connections and sessions ---------------------------------------------------------------
 
@@ -262,6 +264,7 @@ class ServiceBusHandler(Handler):
     def _store_messages(self, link: Link, delivery: Delivery, payload: bytes) -> None:
         target: SendTarget = link.send_target
         try:
+            self.throttles.check(target.path, "send")
             if len(payload) > target.options.max_message_size:
                 raise MessageTooLarge(
                     f"transfer of {len(payload)} bytes exceeds {target.options.max_message_size}"
@@ -286,6 +289,8 @@ class ServiceBusHandler(Handler):
         request.decode(payload)
         if node == cbs.CBS_ADDRESS:
             response = cbs.answer_put_token(request)
+        elif (busy := self.throttles.management_busy(node[: -len(wire.MANAGEMENT_SUFFIX)], request)) is not None:
+            response = busy
         else:
             properties = request.properties or {}
             request_context = management.Request(
@@ -335,6 +340,7 @@ class ServiceBusHandler(Handler):
             return  # a non-terminal state (received): nothing to settle yet
         delivery.answered = True
         try:
+            self.throttles.check(consumer.queue.path, "settle")
             if consumer.session_lost:
                 consumer.queue.session_for(consumer.session_id or "", consumer, self.namespace.now())
             consumer.queue.settle(token, outcome, self.namespace.now(), reason=reason, description=description)
@@ -361,7 +367,20 @@ class ServiceBusHandler(Handler):
         if link.is_sender:
             with self.namespace.lock:
                 self._flush_responses(link)
+                self._throttle_receive(link)
                 self.pump()
+
+    def _throttle_receive(self, link: Link) -> None:
+        """A receiver asked for messages while its entity is throttled: detach it with server-busy
+        (throttling.py); its message locks stay with the entity."""
+        consumer: Consumer | None = getattr(link, "consumer", None)
+        if consumer is None or link.credit <= 0 or not link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        if self.throttles.take(consumer.queue.path, "receive"):
+            _LOGGER.info("receive on %s throttled: detaching link %s", consumer.queue.path, link.name)
+            self._forget_consumer(consumer)
+            link.condition = _condition(ServerBusy(consumer.queue.path))
+            link.close()
 
     def pump(self) -> None:
         """Hand available messages to every consumer with credit (caller holds the namespace lock)."""

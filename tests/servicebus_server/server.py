@@ -223,6 +223,17 @@ class ServiceBusTestServer:
         with self.namespace.lock:
             self.namespace.clock_skew = seconds
 
+    def throttle(self, path: str, kind: str, count: int = 1) -> None:
+        """Test hook: the next ``count`` operations of ``kind`` (``send``, ``receive``, ``settle``,
+        ``peek``, ``renew``) on the entity at ``path`` are refused as throttled, with
+        ``com.microsoft:server-busy`` (``ServiceBusServerBusyError``; how each kind is answered:
+        ``throttling.py``). 0 stops throttling it."""
+        self._protocol.throttles.add(path, kind, count)
+
+    def throttled(self, path: str, kind: str) -> int:
+        """How many operations of ``kind`` on ``path`` were refused as throttled so far."""
+        return self._protocol.throttles.refused(path, kind)
+
     def entity(self, path: str) -> Queue | Topic:
         """The entity at ``path`` (``q``, ``q/$DeadLetterQueue``, ``t/Subscriptions/s``) for inspection."""
         return self.namespace.entity(path)

@@ -1,0 +1,150 @@
+"""Throttling (``com.microsoft:server-busy``, the SDK's ``ServiceBusServerBusyError``) through the real
+azure-servicebus SDK against the local test server, which refuses the next N operations of a kind on
+an entity when a test asks (``tests/servicebus_server/throttling.py``; the rule and its sources are
+there: Microsoft's *Throttling operations on Azure Service Bus*, azure-servicebus 7.15
+``_common/constants.py`` ``ERROR_CODE_SERVER_BUSY``).
+
+Only a fault of the message costs it an attempt: a throttled settlement is made again on the same
+lock, a throttled send is sent again, a throttled peek is peeked again. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusServerBusyError
+
+from consumer_kit.adapters.servicebus import ServiceBusDeadLetters, ServiceBusDelivery, ServiceBusPublisher
+from consumer_kit.outbox_relay import Relay
+from consumer_kit.outbox_relay.settings import RelaySettings
+from consumer_kit.publishing import OutgoingMessage
+from tests.harness import throwaway_schema
+from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
+    SDK_CALL_TIMEOUT,
+    Received,
+    SBEnv,
+    eventually,
+    sb_fixture,
+    sb_server_fixture,
+)
+from tests.test_relay_support import Event, connect, write_events
+
+
+async def test_the_server_answers_a_throttled_send_with_server_busy_and_stores_nothing(sb: SBEnv) -> None:
+    sb.create_queue()
+    sb.server.throttle(sb.queue, "send", 1)
+    async with asyncio.timeout(SDK_CALL_TIMEOUT), sb.client.get_queue_sender(sb.queue, keep_alive=0) as sender:
+        try:
+            await sender.send_messages(ServiceBusMessage(b"x"))
+        except ServiceBusServerBusyError as exc:
+            assert "server-busy" in str(exc)
+        else:
+            raise AssertionError("a throttled send was accepted")
+        await sender.send_messages(ServiceBusMessage(b"y"))  # the throttle is over: the same link works
+    assert [m.body for m in sb.entity().messages] == [b"y"]
+    assert sb.server.throttled(sb.queue, "send") == 1
+
+
+async def test_a_throttled_complete_is_made_again_on_the_same_lock_and_costs_no_attempt(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"a", b"b")
+    sb.server.throttle(sb.queue, "settle", 2)  # the first two dispositions refused, not applied
+    received = Received(lambda d: d.ack())
+    consumer = sb.consumer(settle_timeout=5.0)
+    await consumer.subscribe(sb.queue, received, prefetch=2)
+    deliveries = await received.take(2)
+    await eventually(lambda: sb.entity().messages == [], within=10, what="both completions")
+    assert sb.server.throttled(sb.queue, "settle") == 2
+    assert [(d.delivery_count, d.redelivered, d.lost) for d in deliveries] == [(1, False, False)] * 2
+    assert consumer.counters["throttled"] == 2
+    assert consumer.counters["settlements_lost"] == 0 and consumer.counters["received"] == 2
+
+
+async def test_a_throttled_receive_is_waited_out_and_the_pump_goes_on(sb: SBEnv) -> None:
+    """On SDK 7.15 a receive can meet server-busy only as its link's detach (the only AMQP way to
+    refuse a receive): that receiver can no longer receive or settle (``Link already closed``, no
+    management fallback). The pump waits the throttle backoff, counts it, opens a new receiver and
+    goes on; a delivery in hand on the old link cannot be settled and comes back when its lock
+    lapses (the ledger answers it as a duplicate). Seen here, never on a real namespace."""
+    sb.create_queue(lock_duration=2)
+    await sb.send_bodies(b"first")
+    release = asyncio.Event()
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"first" and delivery.delivery_count == 1:
+            await release.wait()  # in hand while the receive is throttled
+        await delivery.ack()
+
+    received = Received(settle)
+    consumer = sb.consumer(settle_timeout=2.0)
+    await consumer.subscribe(sb.queue, received, prefetch=2)
+    first = await received.next()
+    sb.server.throttle(sb.queue, "receive", 1)
+    await eventually(lambda: sb.server.throttled(sb.queue, "receive") == 1, within=5, what="a throttled receive")
+    await sb.send_bodies(b"second")
+    later = await received.take(2)  # the new message, and the held one once its lock lapsed
+    assert sorted((d.body, d.delivery_count, d.redelivered) for d in later) == [
+        (b"first", 2, True), (b"second", 1, False),
+    ]
+    await eventually(lambda: sb.entity().messages == [], within=10, what="every completion")
+    release.set()
+    # its link was detached: the SDK cannot settle it anymore (the ack is lost, never applied)
+    await eventually(lambda: first.lost, within=10, what="the held delivery's ack to fail")
+    assert consumer.counters["throttled"] == 1 and consumer.counters["reconnects"] == 1
+    assert consumer.ready
+
+
+async def test_a_throttled_publish_is_sent_again_and_stored_once(sb: SBEnv) -> None:
+    sb.create_queue()
+    sb.server.throttle(sb.queue, "send", 1)
+    publisher = sb.publisher(confirm_timeout=5.0)
+    message = OutgoingMessage(
+        destination=sb.queue, routing_key="thing.happened", message_id="00000000-0000-4000-8000-000000000001",
+        body=b'{"n": 1}', message_type="ThingHappened", headers={},
+    )
+    await publisher.publish(message)
+    assert [m.message_id for m in sb.entity().messages] == [message.message_id]
+    assert sb.server.throttled(sb.queue, "send") == 1
+
+
+async def test_the_relay_publishes_every_event_once_through_a_throttled_send(sb: SBEnv, database_url: str) -> None:
+    topic = sb.queue + "-events"
+    sb.server.create_topic(topic)
+    ledger = sb.server.create_subscription(topic, "ledger")
+    events = [Event(topic, partition_key=f"customer-{n}", payload={"n": n}) for n in range(5)]
+    sb.server.throttle(topic, "send", 1)  # the pass's batch refused once
+    async with throwaway_schema(database_url) as schema:
+        async with await connect(database_url) as conn:
+            await write_events(conn, schema, events)
+        settings = RelaySettings(
+            database_url=database_url, db_schema=schema, broker_url="servicebus://", relay_claim_timeout=10.0,
+            relay_backoff_base=0.1, relay_backoff_max=0.5, settle_timeout=5.0,
+        )
+        publisher = ServiceBusPublisher(sb.namespace, confirm_timeout=5.0)
+        relay = Relay(settings, publisher=publisher)
+        try:
+            await relay.run(once=True)
+        finally:
+            await publisher.close()
+        assert relay.counters["published"] == 5
+    assert sb.server.throttled(topic, "send") == 1
+    assert sorted(m.message_id for m in ledger.messages) == sorted(str(e.event_id) for e in events)
+
+
+async def test_dlq_count_peeks_again_through_a_throttled_peek(sb: SBEnv) -> None:
+    sb.create_queue(lock_duration=30)
+    await sb.send_bodies(b"a", b"b", b"c")
+    async with asyncio.timeout(SDK_CALL_TIMEOUT), sb.receiver(sb.queue, prefetch=3) as receiver:
+        found = await receiver.receive_messages(max_message_count=3, max_wait_time=2)
+        for message in found:  # one at a time: the SDK needs its settlements in order
+            await receiver.dead_letter_message(message, reason="poison")
+    assert len(sb.entity().dead_letters) == 3
+    dead_letters = f"{sb.queue}/$DeadLetterQueue"
+    sb.server.throttle(dead_letters, "peek", 1)
+    letters = ServiceBusDeadLetters(sb.namespace, receive_wait=0.3)
+    try:
+        assert await letters.count(sb.queue) == 3
+    finally:
+        await letters.close()
+    assert sb.server.throttled(dead_letters, "peek") == 1
