@@ -258,9 +258,11 @@ class ServiceBusDeadLetters(DeadLetterQueues):
             count = min(PEEK_PAGE, most - seen)
             receiver = self._browser(entity)
             try:
+                def peek(r: Any = receiver, n: int = count, at: int = start) -> Awaitable[list[Any]]:
+                    return r.peek_messages(max_message_count=n, sequence_number=at)  # type: ignore[no-any-return]
+
                 page = await self._call(entity, "peek", while_throttled(  # throttled: peeked again (throttling.py)
-                    lambda r=receiver, n=count, at=start: r.peek_messages(max_message_count=n, sequence_number=at),
-                    what=f"a peek of {entity.dead_letter_path}",
+                    peek, what=f"a peek of {entity.dead_letter_path}",
                 ))
             except BaseException:
                 self._browsers.pop(entity.path, None)  # a fresh receiver for the next call

@@ -43,7 +43,7 @@ def backoff_seconds(attempt: int) -> float:
     """Seconds to wait after the ``attempt``-th throttled call in a row (1, 2, ...): 0.5 s, 1 s,
     2 s (Azure's advice), ... at most 8 s. Each caller's own timeout bounds the whole, so a
     throttle that outlasts it fails the call as before."""
-    return min(8.0, 0.5 * 2 ** max(0, attempt - 1))
+    return min(8.0, 0.5 * float(2 ** max(0, attempt - 1)))
 
 
 THROTTLE_BACKOFF = wait_exponential(multiplier=0.5, min=0.5, max=8.0)
