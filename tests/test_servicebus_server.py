@@ -617,17 +617,19 @@ async def test_a_locked_message_expires_the_moment_it_is_abandoned(
 ) -> None:
     """*Message expiration*: expiry does not affect a locked message; "if the lock expires or the
     message is abandoned, the expiration takes immediate effect"."""
-    queue = server.create_queue("orders", dead_lettering_on_message_expiration=True)
-    await send(client, "orders", ServiceBusMessage("x", time_to_live=datetime.timedelta(seconds=1)))
-    async with open_receiver(client, "orders") as receiver:
-        message = await receive_one(receiver)
-        assert message.time_to_live == datetime.timedelta(seconds=1)
-        expires = message.expires_at_utc
-        assert expires is not None
-        await eventually(lambda: datetime.datetime.now(datetime.UTC) > expires + datetime.timedelta(seconds=0.2),
-                         within=5, what="the message's expiry to pass")
-        assert queue.locked_count == 1 and queue.dead_letters == []  # still ours while locked
-        await receiver.abandon_message(message)
+    # The broker's clock is moved past the expiry rather than waited for: a real wait of a short
+    # TTL raced the receive on a loaded machine (the message expired before it was locked).
+    queue = server.create_queue("orders", dead_lettering_on_message_expiration=True, lock_duration=300)
+    await send(client, "orders", ServiceBusMessage("x", time_to_live=datetime.timedelta(seconds=60)))
+    try:
+        async with open_receiver(client, "orders") as receiver:
+            message = await receive_one(receiver)
+            assert message.time_to_live == datetime.timedelta(seconds=60)
+            server.skew_clock(120.0)  # past the expiry (60 s), within the lock (300 s)
+            assert queue.locked_count == 1 and queue.dead_letters == []  # still ours while locked
+            await receiver.abandon_message(message)
+    finally:
+        server.skew_clock(0.0)
     await eventually(lambda: len(queue.dead_letters) == 1, within=2, what="the expiry to apply")
     assert queue.messages == [] and queue.dead_letters[0].dead_letter_reason == "TTLExpiredException"
 
