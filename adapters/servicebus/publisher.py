@@ -17,6 +17,7 @@ from .batching import EntityBatcher, Pending
 from .config import Namespace
 from .connection import Connection
 from .envelope import outgoing_message
+from .header_limits import HeaderTooLarge, check_header
 from .topology import not_created_here
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,9 @@ class ServiceBusPublisher(Publisher):
         """Publish ``message`` and wait for Service Bus to confirm its batch.
 
         Raises:
-            PublishError: permanent: too large for the entity (the limit is named), a message the
+            PublishError: permanent: too large for the entity (the limit is named), headers over
+                Service Bus's header limits (32 KB per property, 64 KB in all: the property and
+                sizes are named, never a value), a message the
                 SDK cannot build, or refused as addressed when sent alone; row: no such queue or
                 topic (or disabled); transient: timeout, connection or link failure, throttling.
                 Publishing again with the same ``message_id`` is safe: duplicate detection, where
@@ -66,6 +69,10 @@ class ServiceBusPublisher(Publisher):
             raise PublishError(
                 f"message_id={message.message_id} cannot be built as a Service Bus message: {exc}", permanent=True
             ) from exc
+        try:
+            check_header(built, what=f"message_id={message.message_id}")
+        except HeaderTooLarge as exc:
+            raise PublishError(str(exc), permanent=True) from exc
         pending = Pending(built, message.message_id, len(message.body))
         batcher = self._batcher(entity)
         batcher.submit(pending)

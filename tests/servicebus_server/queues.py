@@ -24,12 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import wire
+from . import header_limits, wire
 from .errors import (
     InvalidArgument,
     MessageLockLost,
     MessageNotFound,
-    MessageTooLarge,
     NotAllowed,
     SessionCannotBeLocked,
     SessionLockLost,
@@ -268,14 +267,13 @@ class Queue(SendTarget):
     ) -> None:
         """Move ``stored`` to the dead-letter queue with ``reason`` and ``description`` as properties.
         With ``check_size`` (a receiver's dead-letter request), a message that the two properties
-        would take over ``max_message_size`` is refused (MessageTooLarge) and stays locked: Service
-        Bus counts them toward the message's size, and warns that long descriptions can exceed it."""
+        would take over Service Bus's header limits (``header_limits.py``: 32 KB per property, 64 KB
+        in all, *Service Bus quotas*) is refused (HeaderTooLarge) and stays locked. The message's
+        own size limit does not apply: the quotas tie the two properties to the header only."""
         extra = {wire.DEAD_LETTER_REASON: reason, wire.DEAD_LETTER_ERROR_DESCRIPTION: description}
         content = stored.content.with_application_properties({k: v for k, v in extra.items() if v is not None})
-        if check_size and content.size > self.options.max_message_size:
-            raise MessageTooLarge(
-                f"dead-lettered message of {content.size} bytes would exceed {self.options.max_message_size} bytes"
-            )
+        if check_size:
+            header_limits.check(content, "dead-lettered message")
         if check_size:
             self._forget_lock(stored)
         self._messages.pop(stored.sequence_number, None)
