@@ -41,6 +41,11 @@ MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 # Microsoft's "Service Bus dead-letter queues" page, table of system reasons.
 TTL_EXPIRED = "TTLExpiredException"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+# The same table: a message without a session id on a session entity. Whether Azure refuses the
+# send or dead-letters the message is not documented (the table lists the reason; SDK threads show
+# sends refused): ``EntityOptions.sessionless_sends`` picks one.
+SESSION_ID_NULL = "Session id is null"
+SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 
 
 class Settlement:
@@ -119,10 +124,13 @@ class Queue(SendTarget):
 
     def _check_acceptable(self, content: EncodedMessage) -> None:
         super()._check_acceptable(content)
-        if self.requires_session and content.session_id is None:
+        if self.requires_session and content.session_id is None and self.options.sessionless_sends == "refuse":
             raise NotAllowed(f"{self.path} requires sessions: the message needs a session_id")
 
     def _accept(self, stored: StoredMessage) -> None:
+        if self.requires_session and stored.session_id is None and self.dead_letter_queue is not None:
+            self._dead_letter(stored, SESSION_ID_NULL, SESSION_ID_NULL_DESCRIPTION)  # sessionless_sends
+            return
         if self.kind == self.DEAD_LETTER_QUEUE:
             stored.time_to_live = math.inf  # dead letters stay until someone takes them
         else:

@@ -38,8 +38,13 @@ class EntityOptions:
     max_message_size: int = 256 * 1024
     default_message_time_to_live: float | None = None
     dead_lettering_on_message_expiration: bool = False
+    # What a session entity does with a message without a session id: Azure's behaviour is not
+    # documented (queues.py, "sessionless sends"), so a test picks: "refuse" or "dead-letter".
+    sessionless_sends: str = "refuse"
 
     def __post_init__(self) -> None:
+        if self.sessionless_sends not in ("refuse", "dead-letter"):
+            raise ValueError(f"sessionless_sends is 'refuse' or 'dead-letter', not {self.sessionless_sends!r}")
         # Raised at creation and at configure(), as the portal, ARM and the emulator refuse it.
         if not MIN_LOCK_DURATION <= self.lock_duration <= MAX_LOCK_DURATION:
             raise ValueError(
