@@ -41,9 +41,9 @@ MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 # Microsoft's "Service Bus dead-letter queues" page, table of system reasons.
 TTL_EXPIRED = "TTLExpiredException"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
-# The same table: a message without a session id on a session entity. Whether Azure refuses the
-# send or dead-letters the message is not documented (the table lists the reason; SDK threads show
-# sends refused): ``EntityOptions.sessionless_sends`` picks one.
+# The same table: a message without a session id on a session entity. Not documented when Azure
+# refuses the send (reported for queues: Azure/azure-service-bus#289) and when it dead-letters
+# (reported for topic subscriptions: #196): ``EntityOptions.sessionless_sends`` picks for queues.
 SESSION_ID_NULL = "Session id is null"
 SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 
