@@ -3,7 +3,7 @@
 Usage::
 
     with ServiceBusTestServer() as server:
-        server.create_queue("orders", lock_duration=2)
+        server.create_queue("orders", lock_duration=5)
         client = ServiceBusClient.from_connection_string(server.connection_string)
         ...
         assert server.entity("orders").active_count == 0
