@@ -39,7 +39,7 @@ from azure.servicebus.exceptions import (
 from tests.servicebus_server import MessageState, ServiceBusTestServer
 from tests.servicebus_server.fixtures import eventually
 
-LOCK = 1.5  # seconds: short lock duration for the tests that wait for expiry
+LOCK = 5.0  # seconds: Service Bus's shortest lock; tests that wait for expiry advance the broker's clock
 # seconds: the lock of the tests that must act while it holds (renew it at half its time, settle
 # after its first expiry) or settle under it: 3 s for each step, which a loaded machine does not
 # outrun (LOCK left 0.5-0.75 s, or the whole 1.5 s for a receive and a complete)
@@ -224,23 +224,22 @@ async def test_dead_letter_keeps_reason_and_description_in_the_dead_letter_queue
 
 
 @bounded(20)
-async def test_a_dead_letter_over_the_size_limit_is_refused_and_the_message_stays_locked(
+async def test_a_dead_letter_may_take_the_message_over_its_size_limit(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:
-    """The reason and description count toward the message's size: too long, and the request is
-    refused (the message stays locked, as Service Bus leaves it); shorter, it goes through."""
+    """The reason and description are properties of the message, bounded by Service Bus's header
+    limits (*Service Bus quotas*), not by the message size limit: the server used to refuse this
+    dead-letter, a rule of its own (issue 25). Header limits: ``test_servicebus_header_limits.py``."""
     queue = server.create_queue("orders", max_message_size=1024)
     await send(client, "orders", ServiceBusMessage(b"x" * 800, message_id="m1"))
 
     async with open_receiver(client, "orders") as receiver:
         message = await receive_one(receiver)
-        with pytest.raises(MessageSizeExceededError):
-            await receiver.dead_letter_message(message, reason="too_long", error_description="d" * 500)
-        assert (queue.locked_count, queue.dead_letters) == (1, [])
-        await receiver.dead_letter_message(message, reason="too_long", error_description="")
+        await receiver.dead_letter_message(message, reason="too_long", error_description="d" * 500)
 
     [dead] = queue.dead_letters
-    assert dead.dead_letter_reason == "too_long" and dead.size <= 1024
+    assert (dead.dead_letter_reason, dead.dead_letter_error_description) == ("too_long", "d" * 500)
+    assert dead.size > 1024
 
 
 @bounded(20)
@@ -282,6 +281,19 @@ async def test_max_delivery_count_dead_letters_like_service_bus(
 # -- 4. locks: expiry, lock lost, renewal ----------------------------------------------------------
 
 
+def test_lock_durations_outside_five_seconds_to_five_minutes_are_refused(server: ServiceBusTestServer) -> None:
+    """Service Bus's LockDuration runs from 5 s (the portal's and the emulator's minimum) to 5 min
+    (``CreateQueueOptions.LockDuration``): the server refuses the rest, at creation and update."""
+    with pytest.raises(ValueError, match="outside Service Bus's 5-300 s"):
+        server.create_queue("short", lock_duration=4.9)
+    with pytest.raises(ValueError):
+        server.create_queue("long", lock_duration=301)
+    queue = server.create_queue("orders", lock_duration=5)
+    with pytest.raises(ValueError):
+        queue.configure(lock_duration=1)
+    assert queue.options.lock_duration == 5
+
+
 @bounded(20)
 async def test_lock_expiry_redelivers_to_the_next_receiver(
     server: ServiceBusTestServer, client: ServiceBusClient
@@ -292,8 +304,10 @@ async def test_lock_expiry_redelivers_to_the_next_receiver(
     async with open_receiver(client, "orders", prefetch=0) as first_receiver:
         held = await receive_one(first_receiver)
         assert held.delivery_count == 0
-        # The receiver keeps the message without settling it: the lock runs out.
-        await eventually(lambda: queue.locked_count == 0, within=LOCK + 2, what="the lock to expire")
+        # The receiver keeps the message without settling it: the lock runs out (the broker's
+        # clock is moved past it rather than waited for).
+        server.skew_clock(LOCK)
+        await eventually(lambda: queue.locked_count == 0, within=2, what="the lock to expire")
         queue.configure(lock_duration=HELD_LOCK)  # the redelivery's lock: time to complete it
 
         async with open_receiver(client, "orders") as second_receiver:
@@ -355,15 +369,16 @@ async def test_renew_message_lock_extends_the_lock(
 
 
 @bounded(30)
-async def test_auto_lock_renewer_keeps_a_lock_for_three_times_its_length(
+async def test_auto_lock_renewer_keeps_a_lock_for_twice_its_length(
     server: ServiceBusTestServer, client: ServiceBusClient
 ) -> None:
     # 4.5 s: the SDK's renewer wakes once a second and renews when 0.75 x (whole seconds left at
     # registration) remain, so a 2 s lock (1.9 s left -> renew under 0.75 s) lapses between two
     # wake-ups; 2.5 s (2.4 s left -> renew under 1.5 s) is renewed with 0.5 s to spare at worst,
     # which a loaded machine can outrun; 4.5 s (4.4 s left -> renew under 3 s) leaves at least 2 s
-    # for the renewal's round trip. Real Service Bus does not allow locks under 5 s.
-    lock = 4.5
+    # for the renewal's round trip. Service Bus does not allow locks under 5 s: 5 s it is. The
+    # SDK's renewer runs on real time, so this test waits real seconds (two lock lengths).
+    lock = LOCK
     queue = server.create_queue("orders", lock_duration=lock)
     await send(client, "orders", ServiceBusMessage("slow work"))
 
@@ -372,7 +387,7 @@ async def test_auto_lock_renewer_keeps_a_lock_for_three_times_its_length(
         async with open_receiver(client, "orders", auto_lock_renewer=renewer) as receiver:
             message = await receive_one(receiver)
             held_since = time.monotonic()
-            while time.monotonic() - held_since < 3 * lock:
+            while time.monotonic() - held_since < 2 * lock:
                 assert queue.locked_count == 1, "the lock lapsed while the renewer was running"
                 await asyncio.sleep(0.1)
             await receiver.complete_message(message)
@@ -533,8 +548,9 @@ async def test_session_lock_expiry_raises_session_lock_lost(
 
     async with open_receiver(client, "orders", session_id="s1") as receiver:
         message = await receive_one(receiver)
+        server.skew_clock(LOCK)  # the broker's clock past the session lock, rather than waiting
         await eventually(
-            lambda: queue.session_holder("s1") is None, within=LOCK + 2, what="the session lock to expire"
+            lambda: queue.session_holder("s1") is None, within=2, what="the session lock to expire"
         )
         with pytest.raises(SessionLockLostError):
             await receiver.complete_message(message)

@@ -67,7 +67,7 @@ async def test_a_throttled_receive_is_waited_out_and_the_pump_goes_on(sb: SBEnv)
     management fallback). The pump waits the throttle backoff, counts it, opens a new receiver and
     goes on; a delivery in hand on the old link cannot be settled and comes back when its lock
     lapses (the ledger answers it as a duplicate). Seen here, never on a real namespace."""
-    sb.create_queue(lock_duration=2)
+    sb.create_queue(lock_duration=5)
     await sb.send_bodies(b"first")
     release = asyncio.Event()
 

@@ -161,6 +161,7 @@ def publisher_from_settings(settings: BrokerSettings) -> ServiceBusPublisher:
         config.namespace,
         confirm_timeout=settings.settle_timeout,
         batch_max_messages=config.adapter.publish_batch_max_messages,
+        session_entities=config.adapter.session_entities,
     )
 
 

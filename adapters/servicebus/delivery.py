@@ -73,6 +73,7 @@ from .envelope import (
     schedule_time,
 )
 from .errors import LOCK_LOST, describe, is_refusal
+from .header_limits import dead_letter_room
 from .limits import TooLarge
 from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
@@ -288,11 +289,15 @@ class ServiceBusDelivery(Delivery):
             self._route.counters.add("held_retries")
 
     async def _dead_letter(self, reason: str, detail: str) -> None:
-        """Dead-letter with ``reason`` and ``detail``. Both count toward the message's size: on a
-        queue the detail is cut to the room its size limit leaves; where that is not known (a
-        subscription) and Service Bus refuses the request as too large, it is made again without
-        the detail. The reason is always kept."""
-        reason, description = fit_dead_letter(reason, detail, await self._room_for_dead_letter())
+        """Dead-letter with ``reason`` and ``detail``, both properties of the dead-lettered message:
+        cut to the room Service Bus's header limit leaves beside the message's own properties
+        (:mod:`consumer_kit.adapters.servicebus.header_limits`: 32 KB per property, 64 KB in all)
+        and, on a queue, to the room its size limit leaves (not documented to apply: a precaution).
+        If Service Bus still refuses the request as too large, it is made again without the detail."""
+        header_room = dead_letter_room(self._message)
+        size_room = await self._room_for_dead_letter()
+        room = header_room if size_room is None else min(header_room, size_room)
+        reason, description = fit_dead_letter(reason, detail, room, header_room=header_room)
         receiver = self._route.receiver
 
         def dead_letter(text: str) -> Callable[[ServiceBusReceivedMessage], Awaitable[None]]:

@@ -72,12 +72,18 @@ DEAD_LETTER_PROPERTY_BYTES = 64
 """Bytes the two dead-letter property names and their encoding add, besides the two texts."""
 
 
-def fit_dead_letter(reason: str, description: str, room: int | None) -> tuple[str, str]:
+def fit_dead_letter(
+    reason: str, description: str, room: int | None, *, header_room: int | None = None
+) -> tuple[str, str]:
     """``reason`` and ``description`` cut to their maximum lengths and, when ``room`` (bytes left
-    under the entity's message size limit) is known, the description cut further to what fits
-    beside the reason. The reason, the machine-readable part, is never cut for room."""
+    for the two) is known, the description cut further to what fits beside the reason. The reason,
+    the machine-readable part, is cut only to ``header_room`` (bytes Service Bus's header limit
+    leaves: a hard limit), when not even it fits there."""
     reason = reason[:DEAD_LETTER_REASON_MAX_CHARS]
     description = description[:DEAD_LETTER_DESCRIPTION_MAX_CHARS]
+    if header_room is not None and len(reason.encode("utf-8")) > header_room - DEAD_LETTER_PROPERTY_BYTES:
+        cut = max(0, header_room - DEAD_LETTER_PROPERTY_BYTES)
+        return reason.encode("utf-8")[:cut].decode("utf-8", errors="ignore"), ""
     if room is None:
         return reason, description
     left = room - DEAD_LETTER_PROPERTY_BYTES - len(reason.encode("utf-8"))

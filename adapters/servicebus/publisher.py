@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 
@@ -17,6 +18,7 @@ from .batching import EntityBatcher, Pending
 from .config import Namespace
 from .connection import Connection
 from .envelope import outgoing_message
+from .header_limits import HeaderTooLarge, check_header
 from .topology import not_created_here
 
 logger = logging.getLogger(__name__)
@@ -31,12 +33,20 @@ class ServiceBusPublisher(Publisher):
         confirm_timeout: seconds a publish waits for Service Bus's confirmation (and one batch send
             may take).
         batch_max_messages: most events per ``ServiceBusMessageBatch``.
+        session_entities: queues that require sessions (``CONSUMER_KIT_SERVICEBUS_SESSION_ENTITIES``;
+            topic subscriptions listed there are ignored: a topic's other subscriptions may take
+            any event). An event without a partition key to one of them is refused before sending:
+            what Service Bus does with it is not documented (it refuses the send, or accepts it and
+            dead-letters it as ``Session id is null``, where no consumer sees it).
 
     Raises:
         ValueError: on invalid arguments.
     """
 
-    def __init__(self, namespace: Namespace, *, confirm_timeout: float = 10.0, batch_max_messages: int = 100) -> None:
+    def __init__(
+        self, namespace: Namespace, *, confirm_timeout: float = 10.0, batch_max_messages: int = 100,
+        session_entities: Iterable[str] = (),
+    ) -> None:
         if confirm_timeout <= 0:
             raise ValueError("confirm_timeout must be > 0 seconds")
         if batch_max_messages < 1:
@@ -46,12 +56,16 @@ class ServiceBusPublisher(Publisher):
         self._batch_max_messages = batch_max_messages
         self._connection: Connection | None = None
         self._batchers: dict[str, EntityBatcher] = {}
+        self._session_queues = {e.casefold() for e in session_entities if "/" not in e}
 
     async def publish(self, message: OutgoingMessage) -> None:
         """Publish ``message`` and wait for Service Bus to confirm its batch.
 
         Raises:
-            PublishError: permanent: too large for the entity (the limit is named), a message the
+            PublishError: permanent: no partition key for a queue in ``session_entities``, too
+                large for the entity (the limit is named), headers over
+                Service Bus's header limits (32 KB per property, 64 KB in all: the property and
+                sizes are named, never a value), a message the
                 SDK cannot build, or refused as addressed when sent alone; row: no such queue or
                 topic (or disabled); transient: timeout, connection or link failure, throttling.
                 Publishing again with the same ``message_id`` is safe: duplicate detection, where
@@ -60,12 +74,21 @@ class ServiceBusPublisher(Publisher):
         entity = message.destination or message.routing_key
         if not entity:
             raise PublishError(f"message_id={message.message_id} names no queue or topic", permanent=True)
+        if message.partition_key is None and entity.casefold() in self._session_queues:
+            raise PublishError(
+                f"message_id={message.message_id} has no partition key, and {entity!r} requires sessions "
+                "(the session id is the partition key)", permanent=True,
+            )
         try:
             built = outgoing_message(message)
         except (ValueError, TypeError) as exc:
             raise PublishError(
                 f"message_id={message.message_id} cannot be built as a Service Bus message: {exc}", permanent=True
             ) from exc
+        try:
+            check_header(built, what=f"message_id={message.message_id}")
+        except HeaderTooLarge as exc:
+            raise PublishError(str(exc), permanent=True) from exc
         pending = Pending(built, message.message_id, len(message.body))
         batcher = self._batcher(entity)
         batcher.submit(pending)

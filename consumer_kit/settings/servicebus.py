@@ -27,7 +27,8 @@ class ServiceBusSettings(GroupSettings):
     session_entities: list[str] = Field(
         default=[],
         description="Queues (or topic/Subscriptions/name paths) that require sessions, as a JSON list:"
-        " consumed one session at a time per receiver, in order; the session id is the partition key.",
+        " consumed one session at a time per receiver, in order; the session id is the partition key"
+        " (the publisher refuses events without one to the queues listed).",
         json_schema_extra={"example": '["orders"]'},
     )
     receive_wait: float = seconds(

@@ -1,7 +1,7 @@
 """Topics and the namespace that finds every entity by path.
 
-A topic copies each message into every subscription (filters and rules are not imitated); the
-namespace looks entities up case-insensitively, as Service Bus does. Queues, subscriptions and
+A topic copies each message into every subscription whose rules match it (``rules.py``: SQL and
+correlation filters, ``$Default`` on a new subscription); the namespace looks entities up case-insensitively, as Service Bus does. Queues, subscriptions and
 dead-letter queues are ``queues.Queue``; the producer side of queues and topics is
 ``send_target.SendTarget``.
 """
@@ -10,25 +10,55 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from . import wire
 from .errors import EntityNotFound, NotAllowed
 from .messages import StoredMessage
 from .queues import Queue
+from .rules import Rule, any_rule_matches, rules_from
 from .send_target import EntityOptions, SendTarget
 
 
 class Topic(SendTarget):
-    """A topic: every message is copied into each subscription (filters are not imitated)."""
+    """A topic: a message is copied into each subscription with a rule that matches it."""
 
     def __init__(self, path: str, options: EntityOptions, lock: threading.RLock) -> None:
         super().__init__(path, options, lock)
         self.subscriptions: dict[str, Queue] = {}
+        self.rules: dict[str, dict[str, Rule]] = {}  # by subscription name (casefolded), then rule name
 
     def _accept(self, stored: StoredMessage) -> None:
-        for subscription in self.subscriptions.values():
-            subscription.enqueue_copy(stored)
+        for key, subscription in self.subscriptions.items():
+            if any_rule_matches(self.rules.get(key, {}), stored.content):
+                subscription.enqueue_copy(stored)
+
+    def set_rules(self, subscription: str, rules: Iterable[Rule] | None) -> None:
+        """Replace a subscription's rules (None: only ``$Default``, the true filter; an empty list:
+        it takes nothing). Raises EntityNotFound, or ValueError for rules Service Bus would refuse."""
+        with self._lock:
+            key = subscription.casefold()
+            if key not in self.subscriptions:
+                raise EntityNotFound(f"no subscription {subscription} on {self.path}")
+            self.rules[key] = rules_from(rules)
+
+    def add_rule(self, subscription: str, rule: Rule) -> None:
+        """Add one rule (Service Bus refuses a name the subscription already has: ValueError)."""
+        with self._lock:
+            self.set_rules(subscription, [*self.rules_of(subscription).values(), rule])
+
+    def remove_rule(self, subscription: str, name: str) -> None:
+        """Remove the rule ``name`` (``$Default`` too); raises EntityNotFound when there is none."""
+        with self._lock:
+            rules = self.rules_of(subscription)
+            kept = [r for r in rules.values() if r.name.casefold() != name.casefold()]
+            if len(kept) == len(rules):
+                raise EntityNotFound(f"no rule {name} on {self.path}/Subscriptions/{subscription}")
+            self.set_rules(subscription, kept)
+
+    def rules_of(self, subscription: str) -> dict[str, Rule]:
+        with self._lock:
+            return dict(self.rules.get(subscription.casefold(), {}))
 
     def expire(self, now: float) -> list[tuple[object, str]]:
         self.release_due(now)
@@ -62,7 +92,10 @@ class Namespace:
             self._topics[name.casefold()] = topic
             return topic
 
-    def create_subscription(self, topic_name: str, name: str, options: EntityOptions) -> Queue:
+    def create_subscription(
+        self, topic_name: str, name: str, options: EntityOptions, rules: Iterable[Rule] | None = None
+    ) -> Queue:
+        """A subscription with ``rules`` (None: ``$Default``, every message)."""
         with self.lock:
             topic = self._topics.get(topic_name.casefold())
             if topic is None:
@@ -70,6 +103,7 @@ class Namespace:
             path = f"{topic.path}{wire.SUBSCRIPTIONS_INFIX}{name}"
             subscription = Queue(path, options, self.lock, kind=Queue.SUBSCRIPTION, clock=self.now)
             topic.subscriptions[name.casefold()] = subscription
+            topic.set_rules(name, rules)
             return subscription
 
     def now(self) -> float:

@@ -71,6 +71,14 @@ class SBEnv:
         self.queue = "q" + uuid.uuid4().hex[:10]
         self._closing: list[Any] = []
         self._senders: dict[str, ServiceBusSender] = {}
+        self._clock_advanced = 0.0  # seconds advance_broker_clock moved the broker's clock
+
+    def advance_broker_clock(self, seconds: float) -> None:
+        """Move the broker's clock ``seconds`` ahead (undone after the test): every lock held, not
+        renewed meanwhile, lapses as if that time had passed, without waiting for it. Only the
+        broker's time moves: the adapter's own timers (renewal, held retries) run on real time."""
+        self._clock_advanced += seconds
+        self.server.skew_clock(self._clock_advanced)
 
     def create_queue(self, name: str | None = None, **options: Any) -> Queue:
         return self.server.create_queue(name or self.queue, **options)
@@ -140,6 +148,8 @@ class SBEnv:
         for closing in [*self._senders.values(), *reversed(self._closing)]:
             async with asyncio.timeout(30):
                 await closing.close()
+        if self._clock_advanced:
+            self.server.skew_clock(0.0)
 
 
 @pytest.fixture(name="sb")

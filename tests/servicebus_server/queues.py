@@ -24,12 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import wire
+from . import header_limits, wire
 from .errors import (
     InvalidArgument,
     MessageLockLost,
     MessageNotFound,
-    MessageTooLarge,
     NotAllowed,
     SessionCannotBeLocked,
     SessionLockLost,
@@ -42,6 +41,11 @@ MAX_DELIVERY_COUNT_EXCEEDED = "MaxDeliveryCountExceeded"
 # Microsoft's "Service Bus dead-letter queues" page, table of system reasons.
 TTL_EXPIRED = "TTLExpiredException"
 TTL_EXPIRED_DESCRIPTION = "The message expired and was dead lettered."
+# The same table: a message without a session id on a session entity. Not documented when Azure
+# refuses the send (reported for queues: Azure/azure-service-bus#289) and when it dead-letters
+# (reported for topic subscriptions: #196): ``EntityOptions.sessionless_sends`` picks for queues.
+SESSION_ID_NULL = "Session id is null"
+SESSION_ID_NULL_DESCRIPTION = "Session enabled entity doesn't allow a message whose session identifier is null."
 
 
 class Settlement:
@@ -120,10 +124,13 @@ class Queue(SendTarget):
 
     def _check_acceptable(self, content: EncodedMessage) -> None:
         super()._check_acceptable(content)
-        if self.requires_session and content.session_id is None:
+        if self.requires_session and content.session_id is None and self.options.sessionless_sends == "refuse":
             raise NotAllowed(f"{self.path} requires sessions: the message needs a session_id")
 
     def _accept(self, stored: StoredMessage) -> None:
+        if self.requires_session and stored.session_id is None and self.dead_letter_queue is not None:
+            self._dead_letter(stored, SESSION_ID_NULL, SESSION_ID_NULL_DESCRIPTION)  # sessionless_sends
+            return
         if self.kind == self.DEAD_LETTER_QUEUE:
             stored.time_to_live = math.inf  # dead letters stay until someone takes them
         else:
@@ -268,14 +275,13 @@ class Queue(SendTarget):
     ) -> None:
         """Move ``stored`` to the dead-letter queue with ``reason`` and ``description`` as properties.
         With ``check_size`` (a receiver's dead-letter request), a message that the two properties
-        would take over ``max_message_size`` is refused (MessageTooLarge) and stays locked: Service
-        Bus counts them toward the message's size, and warns that long descriptions can exceed it."""
+        would take over Service Bus's header limits (``header_limits.py``: 32 KB per property, 64 KB
+        in all, *Service Bus quotas*) is refused (HeaderTooLarge) and stays locked. The message's
+        own size limit does not apply: the quotas tie the two properties to the header only."""
         extra = {wire.DEAD_LETTER_REASON: reason, wire.DEAD_LETTER_ERROR_DESCRIPTION: description}
         content = stored.content.with_application_properties({k: v for k, v in extra.items() if v is not None})
-        if check_size and content.size > self.options.max_message_size:
-            raise MessageTooLarge(
-                f"dead-lettered message of {content.size} bytes would exceed {self.options.max_message_size} bytes"
-            )
+        if check_size:
+            header_limits.check(content, "dead-lettered message")
         if check_size:
             self._forget_lock(stored)
         self._messages.pop(stored.sequence_number, None)

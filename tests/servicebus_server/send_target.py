@@ -1,9 +1,9 @@
-"""The producer side of an entity: sequence numbers, duplicate detection, size limit, scheduling.
+"""The producer side of an entity: sequence numbers, duplicate detection, size and header limits, scheduling.
 
 Imitates Service Bus (times in seconds since the Unix epoch): each entity that accepts sends
 assigns sequence numbers from 1; with duplicate detection on, a message whose ``message_id`` was
-seen within the window is accepted and dropped; a message over ``max_message_size`` bytes is
-refused; a message with a future ``x-opt-scheduled-enqueue-time`` (or sent through
+seen within the window is accepted and dropped; a message over ``max_message_size`` bytes, or over
+the header limits (``header_limits.py``: 32 KB per property, 64 KB in all), is refused; a message with a future ``x-opt-scheduled-enqueue-time`` (or sent through
 ``schedule-message``) is held until then and keeps the sequence number it got on arrival.
 """
 
@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 
-from . import wire
+from . import header_limits, wire
 from .errors import MessageNotFound, MessageTooLarge
 from .messages import MessageSnapshot, MessageState, StoredMessage
 from .sections import EncodedMessage
@@ -31,13 +31,35 @@ class EntityOptions:
     messages to the dead-letter queue (reason ``TTLExpiredException``) instead of dropping them.
     """
 
-    lock_duration: float = 30.0
+    lock_duration: float = 30.0  # MIN_LOCK_DURATION..MAX_LOCK_DURATION
     max_delivery_count: int | None = 10
     requires_session: bool = False
     duplicate_detection_window: float | None = None
     max_message_size: int = 256 * 1024
     default_message_time_to_live: float | None = None
     dead_lettering_on_message_expiration: bool = False
+    # What a session entity does with a message without a session id: Azure's behaviour is not
+    # documented (queues.py, "sessionless sends"), so a test picks: "refuse" or "dead-letter".
+    sessionless_sends: str = "refuse"
+
+    def __post_init__(self) -> None:
+        if self.sessionless_sends not in ("refuse", "dead-letter"):
+            raise ValueError(f"sessionless_sends is 'refuse' or 'dead-letter', not {self.sessionless_sends!r}")
+        # Raised at creation and at configure(), as the portal, ARM and the emulator refuse it.
+        if not MIN_LOCK_DURATION <= self.lock_duration <= MAX_LOCK_DURATION:
+            raise ValueError(
+                f"lock_duration {self.lock_duration} s is outside Service Bus's "
+                f"{MIN_LOCK_DURATION:g}-{MAX_LOCK_DURATION:g} s: in a test, advance the broker's "
+                "clock (skew_clock) or expire_all_locks instead of a shorter lock"
+            )
+
+
+MIN_LOCK_DURATION = 5.0
+"""Seconds: the shortest LockDuration Service Bus allows (the Azure portal's minimum, and the
+emulator's since its 2025 release notes; Azure/azure-service-bus#22 and
+Azure/azure-sdk-for-node#1747 report older clients that set less, on an unvalidated path)."""
+MAX_LOCK_DURATION = 300.0
+"""Seconds: the longest LockDuration (``CreateQueueOptions.LockDuration``: "Max value is 5 minutes")."""
 
 
 class SendTarget:
@@ -103,6 +125,7 @@ class SendTarget:
             raise MessageTooLarge(
                 f"message of {content.size} bytes exceeds {self.options.max_message_size} bytes"
             )
+        header_limits.check(content)
 
     def _accept(self, stored: StoredMessage) -> None:
         raise NotImplementedError

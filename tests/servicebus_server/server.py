@@ -3,7 +3,7 @@
 Usage::
 
     with ServiceBusTestServer() as server:
-        server.create_queue("orders", lock_duration=2)
+        server.create_queue("orders", lock_duration=5)
         client = ServiceBusClient.from_connection_string(server.connection_string)
         ...
         assert server.entity("orders").active_count == 0
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from proton import Endpoint, Event, Handler
@@ -26,6 +27,7 @@ from proton.reactor import ApplicationEvent, Container, EventInjector
 from .entities import Namespace, Topic
 from .links import ServiceBusHandler
 from .queues import Queue
+from .rules import Rule
 from .send_target import EntityOptions
 
 _LOGGER = logging.getLogger(__name__)
@@ -213,8 +215,13 @@ class ServiceBusTestServer:
     def create_topic(self, name: str, **options: Any) -> Topic:
         return self.namespace.create_topic(name, EntityOptions(**options))
 
-    def create_subscription(self, topic: str, name: str, **options: Any) -> Queue:
-        return self.namespace.create_subscription(topic, name, EntityOptions(**options))
+    def create_subscription(
+        self, topic: str, name: str, *, rules: Iterable[Rule] | None = None, **options: Any
+    ) -> Queue:
+        """Create (or replace) a subscription of ``topic`` with ``rules`` (``rules.Rule``; None:
+        ``$Default``, the true filter, as Service Bus gives a new subscription). Change them later
+        with ``server.entity(topic).set_rules / add_rule / remove_rule``."""
+        return self.namespace.create_subscription(topic, name, EntityOptions(**options), rules)
 
     def skew_clock(self, seconds: float) -> None:
         """Run the broker's clock ``seconds`` ahead of the host's (negative: behind), as a worker
