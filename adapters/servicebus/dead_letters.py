@@ -143,8 +143,10 @@ class ServiceBusDeadLetters(DeadLetterQueues):
         return total
 
     async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters of ``queue``, oldest (lowest sequence number) first, by
-        ``peek_messages``: nothing is locked or counted. Raises as the class says."""
+        """Up to ``limit`` dead letters of ``queue`` by ``peek_messages``: nothing is locked or
+        counted. Oldest (lowest sequence number) first on a plain entity; on a partitioned one,
+        partition by partition in the order they answer (the first ``limit`` found are not
+        necessarily the oldest of all). Raises as the class says."""
         entity = _entity(queue)
         return [dead_letter_of(message, queue) async for page in self._browse(entity, limit) for message in page]
 
