@@ -14,9 +14,17 @@ outcome:
   sent alone, so a refusal is that message's own (permanent) and the others go through;
 * the link or the connection failed: transient (the sender is re-opened on the next send).
 
-Messages of one batch may carry different session ids (one per partition key: the relay's ordered
-mode never claims two rows of one key together). Partitioned entities with duplicate detection
-refuse such batches: set ``CONSUMER_KIT_SERVICEBUS_PUBLISH_BATCH_MAX_MESSAGES=1`` for them.
+A batch never mixes session ids or partition keys: the publishes of a pass are grouped by key
+(the session id, which is the event's partition key, else the message's partition key; events
+without either form one group) and each group packed on its own. A partitioned entity stores a
+batch in one partition and refuses one whose messages carry different keys (Service Bus engineer
+on Azure/azure-service-bus#103: a batch is a transaction and "cannot span across partitions"), and
+the adapter cannot tell a partitioned entity from a plain one without the management API, so it
+groups on every entity. The cost: the relay's ordered mode, which claims at most one row per key
+in a pass, sends its keyed events one message at a time. Partitioned entities with duplicate
+detection also refuse batches of distinct message ids (every batch of events): such a batch is
+refused whole and each of its events sent alone (above); set
+``CONSUMER_KIT_SERVICEBUS_PUBLISH_BATCH_MAX_MESSAGES=1`` for them to skip the refused attempt.
 """
 
 from __future__ import annotations
@@ -139,9 +147,18 @@ class EntityBatcher:
         are failed here, permanently, never sent."""
         packed: list[tuple[ServiceBusMessageBatch, list[Pending]]] = []
         alone: list[Pending] = []
+        for group in _by_key(taken):
+            await self._pack_group(sender, group, packed, alone)
+        return packed, alone
+
+    async def _pack_group(
+        self, sender: ServiceBusSender, group: list[Pending],
+        packed: list[tuple[ServiceBusMessageBatch, list[Pending]]], alone: list[Pending],
+    ) -> None:
+        """Pack publishes of one key into ``packed`` batches (``alone``: those that must go alone)."""
         batch = await batch_for(sender)
         members: list[Pending] = []
-        for pending in taken:
+        for pending in group:
             if len(members) < self._max_messages and _fits(batch, pending):
                 members.append(pending)
                 continue
@@ -154,7 +171,6 @@ class EntityBatcher:
             batch, members = fresh, [pending]
         if members:
             packed.append((batch, members))
-        return packed, alone
 
     async def _alone_or_refused(self, sender: ServiceBusSender, pending: Pending, alone: list[Pending]) -> None:
         try:
@@ -202,6 +218,15 @@ class EntityBatcher:
     async def _reset(self) -> None:
         sender, self._sender = self._sender, None
         await close_quietly(sender, self._send_timeout, f"the sender to {self.entity}")
+
+
+def _by_key(taken: list[Pending]) -> list[list[Pending]]:
+    """``taken`` grouped by session id / partition key, groups and members in arrival order."""
+    groups: dict[str | None, list[Pending]] = {}
+    for pending in taken:
+        message = pending.message
+        groups.setdefault(message.session_id or message.partition_key, []).append(pending)
+    return list(groups.values())
 
 
 def _fits(batch: ServiceBusMessageBatch, pending: Pending) -> bool:

@@ -7,7 +7,9 @@ for, read with a ``sub_queue=ServiceBusSubQueue.DEAD_LETTER`` receiver (never a 
 dead-letter sub-queue does not lock by session). It holds that entity's dead letters only.
 
 **Peek**: ``peek_messages`` (no lock, the delivery count untouched), pages of :data:`PEEK_PAGE`
-from sequence number 1 on: oldest first. **Count**: the messages one peek pass finds, at most
+from sequence number 1 on: oldest first on a plain entity; on a partitioned one, partition by
+partition in the order they answer (each partition oldest first; none skipped:
+:mod:`~consumer_kit.adapters.servicebus.browse`). **Count**: the messages one peek pass finds, at most
 :data:`COUNT_LIMIT`. Service Bus's own count (``get_queue_runtime_properties``) needs the HTTPS
 management API and *Manage* rights; consumer-kit speaks AMQP only, with a worker's rights
 (*Listen*, and *Send* to redrive), and the local test server has no management API.
@@ -64,6 +66,7 @@ from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive
 from consumer_kit.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
+from .browse import BrowseCursor
 from .config import Namespace
 from .connection import Connection, close_quietly
 from .envelope import (
@@ -141,8 +144,10 @@ class ServiceBusDeadLetters(DeadLetterQueues):
         return total
 
     async def peek(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters of ``queue``, oldest (lowest sequence number) first, by
-        ``peek_messages``: nothing is locked or counted. Raises as the class says."""
+        """Up to ``limit`` dead letters of ``queue`` by ``peek_messages``: nothing is locked or
+        counted. Oldest (lowest sequence number) first on a plain entity; on a partitioned one,
+        partition by partition in the order they answer (the first ``limit`` found are not
+        necessarily the oldest of all). Raises as the class says."""
         entity = _entity(queue)
         return [dead_letter_of(message, queue) async for page in self._browse(entity, limit) for message in page]
 
@@ -251,14 +256,17 @@ class ServiceBusDeadLetters(DeadLetterQueues):
     # -- peeking ---------------------------------------------------------------------------------
 
     async def _browse(self, entity: Entity, most: int) -> AsyncIterator[list[ServiceBusReceivedMessage]]:
-        """Pages of the dead-letter queue by ``peek_messages``, in sequence order, ``most``
-        messages at most."""
-        start, seen = 1, 0
+        """Pages of the dead-letter queue by ``peek_messages``, ``most`` messages at most, each
+        message once: in sequence order on a plain entity; on a partitioned one partition by
+        partition, in the order the partitions answer (:class:`~.browse.BrowseCursor` says where each
+        peek starts so that none is skipped). A page may be empty (a peek that brought only messages
+        already seen)."""
+        cursor, seen = BrowseCursor(), 0
         while seen < most:
             count = min(PEEK_PAGE, most - seen)
             receiver = self._browser(entity)
             try:
-                def peek(r: Any = receiver, n: int = count, at: int = start) -> Awaitable[list[Any]]:
+                def peek(r: Any = receiver, n: int = count, at: int = cursor.start) -> Awaitable[list[Any]]:
                     return r.peek_messages(max_message_count=n, sequence_number=at)  # type: ignore[no-any-return]
 
                 page = await self._call(entity, "peek", while_throttled(  # throttled: peeked again (throttling.py)
@@ -268,11 +276,12 @@ class ServiceBusDeadLetters(DeadLetterQueues):
                 self._browsers.pop(entity.path, None)  # a fresh receiver for the next call
                 await close_quietly(receiver, self._call_timeout, "a dead-letter browser")
                 raise
-            if not page:
+            new, more = cursor.take([message.sequence_number or 0 for message in page])
+            if not more:
                 return
-            seen += len(page)
-            start = max(message.sequence_number or 0 for message in page) + 1
-            yield page
+            fresh = [page[i] for i in new][: most - seen]
+            seen += len(fresh)
+            yield fresh
 
     def _browser(self, entity: Entity) -> ServiceBusReceiver:
         """The receiver that peeks ``entity``'s dead letters (kept for the next call; it never locks)."""

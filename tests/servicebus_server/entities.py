@@ -8,6 +8,7 @@ dead-letter queues are ``queues.Queue``; the producer side of queues and topics 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -101,6 +102,8 @@ class Namespace:
             if topic is None:
                 raise EntityNotFound(f"no topic {topic_name}")
             path = f"{topic.path}{wire.SUBSCRIPTIONS_INFIX}{name}"
+            # A subscription holds its topic's messages, numbered (and partitioned) by the topic.
+            options = dataclasses.replace(options, enable_partitioning=topic.options.enable_partitioning)
             subscription = Queue(path, options, self.lock, kind=Queue.SUBSCRIPTION, clock=self.now)
             topic.subscriptions[name.casefold()] = subscription
             topic.set_rules(name, rules)

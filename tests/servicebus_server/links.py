@@ -272,6 +272,7 @@ class ServiceBusHandler(Handler):
             contents = [EncodedMessage.decode(inner) for inner in unbatch(payload)]
             for content in contents:  # a batch is taken whole or not at all, as Service Bus does
                 target.check(content)
+            target.check_batch(contents)
             now = self.namespace.now()
             for content in contents:
                 target.send(content, now)

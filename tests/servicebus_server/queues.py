@@ -34,6 +34,7 @@ from .errors import (
     SessionLockLost,
 )
 from .messages import MessageSnapshot, MessageState, StoredMessage
+from .partitions import PeekTurn
 from .sections import EncodedMessage
 from .send_target import EntityOptions, SendTarget
 
@@ -84,7 +85,10 @@ class Queue(SendTarget):
     ) -> None:
         if kind == self.DEAD_LETTER_QUEUE:
             # A dead-letter queue never dead-letters again and does not require sessions.
-            options = EntityOptions(lock_duration=options.lock_duration, max_delivery_count=None)
+            options = EntityOptions(
+                lock_duration=options.lock_duration, max_delivery_count=None,
+                enable_partitioning=options.enable_partitioning,
+            )
         super().__init__(path, options, lock)
         self.kind = kind
         self._clock = clock  # the broker's clock (epoch seconds; the server may skew it)
@@ -95,6 +99,7 @@ class Queue(SendTarget):
         self._available: list[int] = []  # sequence numbers of active, unlocked messages, sorted
         self._locks: dict[Any, StoredMessage] = {}
         self._sessions: dict[str, MessageSession] = {}
+        self._peek_turn = PeekTurn()
         self.dead_letter_queue: Queue | None = (
             None
             if kind == self.DEAD_LETTER_QUEUE
@@ -317,18 +322,17 @@ class Queue(SendTarget):
     def peek(
         self, from_sequence_number: int, count: int, session_id: str | None = None
     ) -> list[StoredMessage]:
-        """Held and scheduled messages from a sequence number on, without locking them."""
+        """Held and scheduled messages from a sequence number on, without locking them: in sequence
+        order, or, on a partitioned entity, those of one partition (:class:`.partitions.PeekTurn`)."""
         candidates = [*self._messages.values(), *self._scheduled.values()]
-        chosen = sorted(
-            (
-                m
-                for m in candidates
-                if m.sequence_number >= from_sequence_number
-                and (session_id is None or m.session_id == session_id)
-            ),
-            key=lambda m: m.sequence_number,
-        )
-        return chosen[:count]
+        chosen = [
+            m
+            for m in candidates
+            if m.sequence_number >= from_sequence_number and (session_id is None or m.session_id == session_id)
+        ]
+        if self.options.enable_partitioning:
+            return self._peek_turn.answer(chosen, count)
+        return sorted(chosen, key=lambda m: m.sequence_number)[:count]
 
     # -- sessions ---------------------------------------------------------------------------------
 

@@ -142,6 +142,12 @@ class EncodedMessage:
         return None if value is None else str(value)
 
     @property
+    def partition_key(self) -> str | None:
+        """The ``x-opt-partition-key`` message annotation the SDK sets from ``partition_key``."""
+        value = self.annotations.get(wire.PARTITION_KEY)
+        return None if value is None else str(value)
+
+    @property
     def time_to_live(self) -> float | None:
         """Seconds, from the AMQP header's ``ttl`` (milliseconds) the producer set; None if not set."""
         header = list(self._value(HEADER) or [])

@@ -3,8 +3,14 @@
 Imitates Service Bus (times in seconds since the Unix epoch): each entity that accepts sends
 assigns sequence numbers from 1; with duplicate detection on, a message whose ``message_id`` was
 seen within the window is accepted and dropped; a message over ``max_message_size`` bytes, or over
-the header limits (``header_limits.py``: 32 KB per property, 64 KB in all), is refused; a message with a future ``x-opt-scheduled-enqueue-time`` (or sent through
-``schedule-message``) is held until then and keeps the sequence number it got on arrival.
+the header limits (``header_limits.py``: 32 KB per property, 64 KB in all), is refused; a message
+with a future ``x-opt-scheduled-enqueue-time`` (or sent through
+``schedule-message``) is held until then. Scheduled messages go through duplicate detection like
+any send, and get a **new** sequence number when they become active (*Message sequencing and
+timestamps*: the message "is appended to the queue as if had been enqueued at the current instant,
+which includes assigning a new SequenceNumber"; *Duplicate detection*: "Scheduled messages are
+included in duplicate detection"). Partitioned entities number and place messages as
+:mod:`.partitions` says.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from . import header_limits, wire
 from .errors import MessageNotFound, MessageTooLarge
 from .messages import MessageSnapshot, MessageState, StoredMessage
+from .partitions import Partitions, check_batch, partition_key
 from .sections import EncodedMessage
 
 
@@ -41,6 +48,7 @@ class EntityOptions:
     # What a session entity does with a message without a session id: Azure's behaviour is not
     # documented (queues.py, "sessionless sends"), so a test picks: "refuse" or "dead-letter".
     sessionless_sends: str = "refuse"
+    enable_partitioning: bool = False
 
     def __post_init__(self) -> None:
         if self.sessionless_sends not in ("refuse", "dead-letter"):
@@ -72,6 +80,7 @@ class SendTarget:
         self._next_sequence_number = 1
         self._seen_message_ids: dict[str, float] = {}
         self._scheduled: dict[int, StoredMessage] = {}
+        self._partitions = Partitions() if options.enable_partitioning else None
 
     # -- producer side ------------------------------------------------------------------------
 
@@ -85,10 +94,16 @@ class SendTarget:
         """Raise the BrokerError a send of ``content`` would meet (size, sessions), storing nothing."""
         self._check_acceptable(content)
 
+    def check_batch(self, contents: list[EncodedMessage]) -> None:
+        """Raise the BrokerError a batch of ``contents`` would meet as a whole (a partitioned entity
+        refuses mixed keys, :func:`.partitions.check_batch`), storing nothing."""
+        if self._partitions is not None:
+            check_batch(contents, duplicate_detection=self._deduplicates)
+
     def send(self, content: EncodedMessage, now: float) -> None:
         """Store one message (a duplicate is accepted and dropped, as Service Bus does)."""
         self._check_acceptable(content)
-        if self._is_duplicate(content.message_id, now):
+        if self._is_duplicate(content, now):
             return
         scheduled = content.annotations.get(wire.SCHEDULED_ENQUEUE_TIME)
         if scheduled is not None and int(scheduled) / 1000 > now:
@@ -97,8 +112,12 @@ class SendTarget:
         self._accept(self._new_message(content, now))
 
     def schedule(self, content: EncodedMessage, when: float, now: float) -> int:
-        """Hold a message until ``when``; returns its sequence number (for cancel)."""
+        """Hold a message until ``when``; returns its sequence number (for cancel, valid while it is
+        scheduled). A duplicate (duplicate detection on) is dropped: the number returned then names
+        no message (assumption: what Azure returns for it is not documented)."""
         self._check_acceptable(content)
+        if self._is_duplicate(content, now):
+            return self._next_number(content)
         if when <= now:
             stored = self._new_message(content, now)
             self._accept(stored)
@@ -110,12 +129,13 @@ class SendTarget:
             raise MessageNotFound(f"no scheduled message {sequence_number} in {self.path}")
 
     def release_due(self, now: float) -> None:
-        """Enqueue scheduled messages whose time has come."""
+        """Enqueue scheduled messages whose time has come, each under a new sequence number."""
         for sequence_number, stored in list(self._scheduled.items()):
             if stored.scheduled_time is not None and stored.scheduled_time <= now:
                 del self._scheduled[sequence_number]
                 stored.state = MessageState.ACTIVE
                 stored.enqueued_time = stored.scheduled_time
+                stored.sequence_number = self._next_number(stored.content)
                 self._accept(stored)
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -133,9 +153,21 @@ class SendTarget:
     # -- helpers --------------------------------------------------------------------------------
 
     def _new_message(self, content: EncodedMessage, now: float) -> StoredMessage:
-        stored = StoredMessage(self._next_sequence_number, content, enqueued_time=now)
+        return StoredMessage(self._next_number(content), content, enqueued_time=now)
+
+    def _next_number(self, content: EncodedMessage) -> int:
+        """The sequence number the next message (``content``) gets: entity-wide from 1, or, on a
+        partitioned entity, in the partition its key picks."""
+        if self._partitions is not None:
+            partition = self._partitions.partition_for(content, duplicate_detection=self._deduplicates)
+            return self._partitions.next_sequence_number(partition)
+        number = self._next_sequence_number
         self._next_sequence_number += 1
-        return stored
+        return number
+
+    @property
+    def _deduplicates(self) -> bool:
+        return self.options.duplicate_detection_window is not None
 
     def _hold(self, content: EncodedMessage, when: float) -> StoredMessage:
         stored = self._new_message(content, when)
@@ -144,10 +176,15 @@ class SendTarget:
         self._scheduled[stored.sequence_number] = stored
         return stored
 
-    def _is_duplicate(self, message_id: str | None, now: float) -> bool:
+    def _is_duplicate(self, content: EncodedMessage, now: float) -> bool:
+        """Whether duplicate detection drops ``content`` (recording it otherwise). On a partitioned
+        entity uniqueness is ``MessageId+PartitionKey`` (*Duplicate detection*)."""
         window = self.options.duplicate_detection_window
-        if window is None or message_id is None:
+        if window is None or content.message_id is None:
             return False
+        message_id = content.message_id
+        if self._partitions is not None:
+            message_id = f"{partition_key(content, duplicate_detection=False) or ''}/{message_id}"
         for seen_id, seen_at in list(self._seen_message_ids.items()):
             if seen_at + window > now:
                 break  # insertion order is time order: the rest are younger

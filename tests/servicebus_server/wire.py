@@ -22,6 +22,7 @@ LOCKED_UNTIL = symbol("x-opt-locked-until")
 LOCK_TOKEN = symbol("x-opt-lock-token")  # a delivery annotation, as the SDK reads it
 SCHEDULED_ENQUEUE_TIME = symbol("x-opt-scheduled-enqueue-time")
 MESSAGE_STATE = symbol("x-opt-message-state")
+PARTITION_KEY = symbol("x-opt-partition-key")
 
 # Application properties a dead-lettered message carries (the SDK reads them back from there).
 DEAD_LETTER_REASON = "DeadLetterReason"
