@@ -1,4 +1,7 @@
-"""Step 2 of a relay pass: publish the claimed rows to the broker, concurrently, within the deadline.
+"""Step 2 of a relay pass: publish the claimed rows to the broker, a chunk at a time, within the deadline.
+
+A chunk is up to ``max_in_flight`` rows handed to the publisher's ``publish_batch`` together (on
+RabbitMQ: one socket write, one wait for all their confirms); each row's outcome is its own.
 
 Each row becomes one broker message whose message id is the row's event ID (the same on every
 attempt, so consumers deduplicate a republish), inside a ``publish {destination}`` PRODUCER span

@@ -7,7 +7,7 @@ and N socket writes (over half of the relay's CPU per event in a drain profile).
 does what ``basic_publish`` does for each message (next delivery tag, a confirmation future
 registered under that tag and the message id, mandatory ``Basic.Publish`` + content header +
 body frames), under one hold of the channel lock, and hands the frames of all of them to the
-writer as one payload. The broker's replies then resolve the futures exactly as they resolve
+writer as one payload (encoded by :mod:`~consumer_kit.adapters.rabbitmq.frames`). The broker's replies then resolve the futures exactly as they resolve
 ``basic_publish``'s own (aiormq's reader does it: ``Basic.Ack`` -> the frame; ``Basic.Return``
 -> the returned ``DeliveredMessage``; ``Basic.Nack`` -> ``DeliveryError``; channel or connection
 closed -> the close reason), so the caller awaits all of them once.
@@ -30,6 +30,8 @@ from aiormq.abc import ChannelFrame
 from pamqp.body import ContentBody
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
+
+from . import frames
 
 Publish = tuple[str, str, Basic.Properties, bytes]
 """One message: (exchange, routing key, properties with a ``message_id``, body)."""
@@ -59,12 +61,16 @@ async def send(channel: aiormq.Channel, messages: Sequence[Publish]) -> list[asy
             message_id = properties.message_id
             channel.message_id_delivery_tag[message_id] = tag  # how a Basic.Return finds its future
             confirmation.add_done_callback(partial(_forget, channel, message_id, tag))
-            publish = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
-            header = ContentHeader(properties=properties, body_size=len(body))
-            encoded = b"".join(
-                pamqp.frame.marshal(f, channel.number)
-                for f in (publish, header, *_body_frames(body, channel.max_content_size))
+            encoded = frames.encode(
+                channel.number, exchange, routing_key, properties, body, channel.max_content_size
             )
+            if encoded is None:  # outside the direct encoder's shape: pamqp's generic one
+                publish = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
+                header = ContentHeader(properties=properties, body_size=len(body))
+                encoded = b"".join(
+                    pamqp.frame.marshal(f, channel.number)
+                    for f in (publish, header, *_body_frames(body, channel.max_content_size))
+                )
             payload.append(encoded)
             futures.append(confirmation)
         written = channel.create_future()
