@@ -230,6 +230,8 @@ class RabbitMQPublisher(Publisher):
     def _settled(self, message: OutgoingMessage, future: asyncio.Future[Any], wait: float) -> BaseException | None:
         """The outcome of one confirmation future of :meth:`publish_batch`."""
         if future.cancelled():
+            if wait >= self._confirm_timeout:  # the broker's silence, not the caller's bound
+                return publish_error(TimeoutError(), message.message_id, message.destination, alone=False)
             return PublishTimeout(f"message_id={message.message_id} not confirmed within {wait:.1f} s")
         exc = future.exception()
         if exc is not None:
