@@ -8,8 +8,9 @@ retrying soon, backing off and parking the row.
 from __future__ import annotations
 
 import abc
+import asyncio
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,14 @@ class PublishError(Exception):
         self.transient = transient and not permanent
 
 
+class PublishTimeout(PublishError):
+    """No confirm within the time :meth:`Publisher.publish_batch` was given (transient: the
+    broker may still have the message; publishing again with the same ``message_id`` is safe)."""
+
+    def __init__(self, message: str = "not confirmed in time") -> None:
+        super().__init__(message, transient=True)
+
+
 class Publisher(abc.ABC):
     """The publishing side of a broker, used by the relay."""
 
@@ -92,6 +101,31 @@ class Publisher(abc.ABC):
             PublishError: the broker did not confirm; the caller may publish again with the same
                 ``message_id``.
         """
+
+    async def publish_batch(
+        self, messages: Sequence[OutgoingMessage], *, within: float
+    ) -> list[BaseException | None]:
+        """Publish ``messages`` and wait for their confirms together, at most ``within`` seconds.
+
+        Returns one outcome per message, in order: ``None`` confirmed; else the exception
+        :meth:`publish` would have raised for it (usually a :class:`PublishError`), or
+        :class:`PublishTimeout` when it was not confirmed within ``within`` seconds (its publish
+        is then abandoned). One message's failure never fails the others. This default publishes
+        each message with :meth:`publish`, all concurrently; RabbitMQ sends the batch's frames
+        in one write and awaits its confirms once.
+        """
+        tasks = [asyncio.ensure_future(self.publish(m)) for m in messages]
+        if not tasks:
+            return []
+        _, pending = await asyncio.wait(tasks, timeout=max(within, 0.0))
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return [
+            PublishTimeout(f"not confirmed within {within:.1f} s") if t in pending or t.cancelled() else t.exception()
+            for t in tasks
+        ]
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -1,4 +1,7 @@
-"""Step 2 of a relay pass: publish the claimed rows to the broker, concurrently, within the deadline.
+"""Step 2 of a relay pass: publish the claimed rows to the broker, a chunk at a time, within the deadline.
+
+A chunk is up to ``max_in_flight`` rows handed to the publisher's ``publish_batch`` together (on
+RabbitMQ: one socket write, one wait for all their confirms); each row's outcome is its own.
 
 Each row becomes one broker message whose message id is the row's event ID (the same on every
 attempt, so consumers deduplicate a republish), inside a ``publish {destination}`` PRODUCER span
@@ -8,15 +11,15 @@ that continues the trace stored with the row. A failure says what it means for t
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import time
+from contextlib import ExitStack
 
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
-from consumer_kit.errors import SimulatedCrash
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout
 from consumer_kit.telemetry.metrics import record_published
 from consumer_kit.telemetry.tracing import mark_failed, producer_span
 
@@ -54,61 +57,66 @@ class RowPublisher:
     async def publish_all(
         self, rows: list[ClaimedRow], deadline: float
     ) -> tuple[list[int], list[Failure]]:
-        """Publish ``rows`` concurrently; returns (confirmed ids, failures). Publishes still
-        unconfirmed after ``deadline`` seconds are cancelled and count as failures."""
-        slots = asyncio.Semaphore(self.max_in_flight)
+        """Publish ``rows``; returns (confirmed ids, failures). Rows go to the publisher's
+        :meth:`~consumer_kit.publishing.Publisher.publish_batch` in chunks of ``max_in_flight``
+        (one confirm wait per chunk, chunks one after the other); rows still unconfirmed
+        ``deadline`` seconds after the call count as failures (``deadline_exceeded``)."""
         confirmed: list[int] = []
         failures: list[Failure] = []
-
-        async def publish_one(row: ClaimedRow) -> None:
-            async with slots:
-                failure = await self._publish_row(row)
-            if failure is None:
-                # Critical point: the broker has the message, the row is not marked yet.
-                crashpoints.reached(CrashPoint.AFTER_PUBLISH_BEFORE_MARK)
-                confirmed.append(row.id)
-            else:
-                failures.append(failure)
-
-        tasks = {asyncio.create_task(publish_one(row)): row for row in rows}
-        done, pending = await asyncio.wait(tasks, timeout=max(deadline, 0.0))
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-            self.counters.add("deadline_exceeded", len(pending))
-            failures.extend(
-                Failure(tasks[t].id, "not confirmed before the claim lease ran low", transient=True)
-                for t in pending
-            )
-        for task in done:
-            exc = task.exception()
-            if isinstance(exc, SimulatedCrash):
-                raise exc
-            if exc is not None:  # a bug in our own code, not a broker failure
-                failures.append(Failure(tasks[task].id, f"relay error: {type(exc).__name__}"))
+        end = time.monotonic() + max(deadline, 0.0)
+        for start in range(0, len(rows), self.max_in_flight):
+            chunk = rows[start : start + self.max_in_flight]
+            await self._publish_chunk(chunk, end - time.monotonic(), confirmed, failures)
         return confirmed, failures
 
-    async def _publish_row(self, row: ClaimedRow) -> Failure | None:
-        try:
-            exchange, routing_key = self.routing.resolve(row.destination, row.routing_key)
-        except UnknownDestination as exc:
-            self.counters.add("unknown_destination")
-            return Failure(row.id, str(exc), park=True)
-        stored = {str(k): str(v) for k, v in row.headers.items()}
-        # Continues the trace context stored with the row (consumer_kit.telemetry.tracing).
-        with producer_span(
-            exchange, stored, system=self.messaging_system, event_id=str(row.event_id),
-            attempt=row.attempts + 1, operation_key=row.operation_key, correlation_id=row.correlation_id,
-        ) as span:
-            message = self.outgoing(row, exchange, routing_key, stored)
+    async def _publish_chunk(
+        self, rows: list[ClaimedRow], within: float, confirmed: list[int], failures: list[Failure]
+    ) -> None:
+        sendable: list[tuple[ClaimedRow, str, trace.Span]] = []
+        messages: list[OutgoingMessage] = []
+        with ExitStack() as spans:
+            for row in rows:
+                try:
+                    exchange, routing_key = self.routing.resolve(row.destination, row.routing_key)
+                except UnknownDestination as exc:
+                    self.counters.add("unknown_destination")
+                    failures.append(Failure(row.id, str(exc), park=True))
+                    continue
+                stored = {str(k): str(v) for k, v in row.headers.items()}
+                # Continues the trace context stored with the row (consumer_kit.telemetry.tracing);
+                # each row's span stays open until the chunk's confirms are in.
+                span = spans.enter_context(producer_span(
+                    exchange, stored, system=self.messaging_system, event_id=str(row.event_id),
+                    attempt=row.attempts + 1, operation_key=row.operation_key,
+                    correlation_id=row.correlation_id,
+                ))
+                try:
+                    messages.append(self.outgoing(row, exchange, routing_key, stored))
+                except Exception as exc:  # noqa: BLE001 - a bug in our own code, not a broker failure
+                    failures.append(Failure(row.id, f"relay error: {type(exc).__name__}"))
+                    continue
+                sendable.append((row, exchange, span))
+            if not messages:
+                return
             try:
-                await self.publisher.publish(message)
-            except Exception as exc:  # noqa: BLE001 - PublishError or an adapter's own error
-                mark_failed(span, exc)
-                return self._failure(row, exc)
-        record_published(exchange, row.created_at)
-        return None
+                outcomes = await self.publisher.publish_batch(messages, within=max(within, 0.0))
+            except Exception as exc:  # noqa: BLE001 - a bug in an adapter, not a broker failure
+                outcomes = [exc] * len(messages)
+            for (row, exchange, span), outcome in zip(sendable, outcomes, strict=True):
+                if outcome is None:
+                    # Critical point: the broker has the message, the row is not marked yet.
+                    crashpoints.reached(CrashPoint.AFTER_PUBLISH_BEFORE_MARK)
+                    record_published(exchange, row.created_at)
+                    confirmed.append(row.id)
+                elif isinstance(outcome, PublishTimeout):
+                    mark_failed(span, outcome)
+                    self.counters.add("deadline_exceeded")
+                    failures.append(Failure(row.id, "not confirmed before the claim lease ran low", transient=True))
+                elif isinstance(outcome, Exception):
+                    mark_failed(span, outcome)
+                    failures.append(self._failure(row, outcome))
+                else:  # CancelledError, SimulatedCrash (a BaseException) from an adapter: not ours to map
+                    raise outcome
 
     def _failure(self, row: ClaimedRow, exc: Exception) -> Failure:
         """What a failed publish means for ``row`` (``PublishError``'s three kinds): permanent

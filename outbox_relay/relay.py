@@ -3,7 +3,8 @@
 One pass (:meth:`Relay.relay_batch`)::
 
     1. claim      up to batch_size rows under a lease (store.claim; FOR UPDATE SKIP LOCKED)
-    2. publish    concurrently (at most max_in_flight unconfirmed), each with message id = event ID,
+    2. publish    in chunks of max_in_flight, each chunk's confirms awaited together (RabbitMQ: one
+                  write per chunk), each message with message id = event ID,
                   within publish_deadline (80 % of the lease) so no other relay can hold the row yet;
                   a permanent PublishError (too large, refused as addressed) parks its row at once
     3. crash point AFTER_PUBLISH_BEFORE_MARK (after each confirm, before the mark)

@@ -26,6 +26,10 @@ module              job (the words before the dash are the same in every adapter
                     :class:`RabbitMQConsumer`: the connection, recovery
 ``publisher``       the relay's confirmed publishes — :class:`RabbitMQPublisher`: publisher confirms
                     (no ``batching``: confirms are pipelined)
+``confirms``        broker-only: a chunk of publishes as one write, its confirms awaited together
+                    (the relay's ``publish_batch``)
+``frames``          broker-only: a publish's AMQP frames encoded directly (the same bytes as pamqp;
+                    the method frame once per destination)
 ``dead_letters``    list and redrive dead letters (``consumer-kit dlq``) —
                     :class:`RabbitMQDeadLetters`: ``<queue>.dlq``
 ``wire``            broker-only: what pamqp may decode — header tables nested deeper than 64

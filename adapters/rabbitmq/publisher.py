@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 import aio_pika
 import aiormq.abc
@@ -29,8 +31,9 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, headers_to_send
+from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout, headers_to_send
 
+from . import confirms
 from .connection import close_quietly, connect_retrying, is_open, open_connection
 from .envelope import user_of_url
 from .errors import describe, is_refusal, publish_error, reply_of
@@ -129,6 +132,127 @@ class RabbitMQPublisher(Publisher):
                 await self._reset(connection)
             raise publish_error(exc, message.message_id, message.destination, alone=False) from exc
         self._check_returned(message, result)
+
+    async def publish_batch(
+        self, messages: Sequence[OutgoingMessage], *, within: float
+    ) -> list[BaseException | None]:
+        """Publish ``messages`` with one socket write and one wait for all their confirms (at
+        most ``within`` seconds, and at most ``confirm_timeout``); one outcome per message, in
+        order: ``None`` confirmed, else the :class:`PublishError` :meth:`publish` would raise
+        (:class:`PublishTimeout` when unconfirmed in time). Messages to a destination published
+        alone (module docstring) go one by one after the others."""
+        loop = asyncio.get_running_loop()
+        wait = min(max(within, 0.0), self._confirm_timeout)
+        deadline, caller_deadline = loop.time() + wait, loop.time() + max(within, 0.0)
+        # Nothing counts as confirmed until its confirm is in: every outcome starts as a failure.
+        outcomes: list[BaseException | None] = [
+            PublishTimeout(f"message_id={m.message_id} not sent within {wait:.1f} s") for m in messages
+        ]
+        shared: list[int] = []  # indexes of the messages sent on the publishing channel
+        alone: list[int] = []
+        futures: list[asyncio.Future[Any]] = []
+        connection: AbstractConnection | None = None
+        try:
+            async with asyncio.timeout_at(deadline):  # connecting and declaring within the bound too
+                connection, channel = await self._ready()
+                underlay = await channel.get_underlay_channel()
+                frame_max = frame_max_of(underlay)
+                sends: dict[int, confirms.Publish] = {}
+                for i, message in enumerate(messages):
+                    prepared = self._prepare(message, frame_max)
+                    if isinstance(prepared, PublishError):
+                        outcomes[i] = prepared
+                    elif message.destination in self._suspects:
+                        alone.append(i)
+                    else:
+                        sends[i] = prepared
+                first = {messages[i].destination: messages[i] for i in reversed(sends)}
+                for name, message in first.items():  # each new destination declared once
+                    try:
+                        await self._declare(connection, message)
+                    except PublishError as exc:
+                        for i in [i for i in sends if messages[i].destination == name]:
+                            outcomes[i] = exc
+                            del sends[i]
+                shared = list(sends)
+                if shared:
+                    futures = await confirms.send(underlay, list(sends.values()))
+        except TimeoutError as exc:
+            if wait >= self._confirm_timeout:  # the broker stopped answering: start afresh
+                await self._reset(connection)
+                for i in range(len(messages)):
+                    if i not in alone and isinstance(outcomes[i], PublishTimeout):
+                        outcomes[i] = publish_error(exc, messages[i].message_id, messages[i].destination, alone=False)
+            return outcomes
+        except Exception as exc:  # noqa: BLE001 - connection or channel lost before anything was sent
+            for i, message in enumerate(messages):
+                if isinstance(outcomes[i], PublishTimeout):
+                    outcomes[i] = self._shared_failure(message, exc)
+            return outcomes
+        if futures:
+            _, pending = await asyncio.wait(futures, timeout=max(deadline - loop.time(), 0.0))
+            for future in pending:
+                future.cancel()  # aiormq ignores a late confirm of a cancelled future
+            if pending and wait >= self._confirm_timeout:
+                await self._reset(connection)  # confirm_timeout passed: the broker stopped answering
+            for i, future in zip(shared, futures, strict=True):
+                outcomes[i] = self._settled(messages[i], future, wait)
+        for i in alone:
+            try:
+                async with asyncio.timeout_at(caller_deadline):
+                    await self.publish(messages[i])
+                outcomes[i] = None
+            except TimeoutError:
+                outcomes[i] = PublishTimeout(f"message_id={messages[i].message_id} not confirmed within {within:.1f} s")
+            except PublishError as exc:
+                outcomes[i] = exc
+        return outcomes
+
+    def _prepare(self, message: OutgoingMessage, frame_max: int) -> confirms.Publish | PublishError:
+        """The message as :func:`confirms.send` takes it, or the permanent error of one that is
+        too large (never sent)."""
+        if len(message.routing_key.encode()) > 255 or len(message.destination.encode()) > 255:
+            return PublishError(
+                f"message_id={message.message_id} cannot be published: an exchange name or routing "
+                "key is at most 255 bytes",
+                permanent=True,
+            )
+        properties = properties_of(message, user_id=self._user_id)
+        try:
+            check_fits(properties, len(message.body), frame_max=frame_max, max_message_size=self._max_message_size)
+        except Unsendable as exc:
+            return PublishError(
+                f"message_id={message.message_id} to {message.destination!r} cannot be published: {exc}",
+                permanent=True,
+            )
+        return message.destination, message.routing_key, properties, message.body
+
+    def _settled(self, message: OutgoingMessage, future: asyncio.Future[Any], wait: float) -> BaseException | None:
+        """The outcome of one confirmation future of :meth:`publish_batch`."""
+        if future.cancelled():
+            if wait >= self._confirm_timeout:  # the broker's silence, not the caller's bound
+                return publish_error(TimeoutError(), message.message_id, message.destination, alone=False)
+            return PublishTimeout(f"message_id={message.message_id} not confirmed within {wait:.1f} s")
+        exc = future.exception()
+        if exc is not None:
+            return self._shared_failure(message, exc)
+        try:
+            self._check_returned(message, future.result())
+        except PublishError as returned:
+            return returned
+        return None
+
+    def _shared_failure(self, message: OutgoingMessage, exc: BaseException) -> PublishError:
+        """What a failure on the shared publishing channel means for ``message`` (as in
+        :meth:`_publish_shared`: a refusal makes its destination published alone from now on)."""
+        if is_refusal(exc) and message.destination not in self._suspects:
+            self._suspects.add(message.destination)
+            logger.warning(
+                "publishing channel closed by the broker (%s); destination %s is published "
+                "alone from now on (message_id=%s)",
+                describe(exc), message.destination, message.message_id,
+            )
+        return publish_error(exc, message.message_id, message.destination, alone=False)
 
     async def connect(self, *, within: float = 30.0) -> None:
         """Open the connection and the publishing channel now (the relay's start-up probe),
