@@ -58,7 +58,7 @@ async def send(channel: aiormq.Channel, messages: Sequence[Publish]) -> list[asy
             tag = channel.delivery_tag
             confirmation = channel.create_future()
             channel.confirmations[tag] = confirmation
-            message_id = properties.message_id
+            message_id = properties.message_id or ""  # the relay always sets it (the event id)
             channel.message_id_delivery_tag[message_id] = tag  # how a Basic.Return finds its future
             confirmation.add_done_callback(partial(_forget, channel, message_id, tag))
             encoded = frames.encode(
@@ -67,10 +67,8 @@ async def send(channel: aiormq.Channel, messages: Sequence[Publish]) -> list[asy
             if encoded is None:  # outside the direct encoder's shape: pamqp's generic one
                 publish = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
                 header = ContentHeader(properties=properties, body_size=len(body))
-                encoded = b"".join(
-                    pamqp.frame.marshal(f, channel.number)
-                    for f in (publish, header, *_body_frames(body, channel.max_content_size))
-                )
+                parts: list[Any] = [publish, header, *_body_frames(body, channel.max_content_size)]
+                encoded = b"".join(pamqp.frame.marshal(f, channel.number) for f in parts)
             payload.append(encoded)
             futures.append(confirmation)
         written = channel.create_future()

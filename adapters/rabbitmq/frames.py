@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Mapping
+from typing import cast
 
 from pamqp.commands import Basic
 
@@ -123,7 +125,7 @@ def _content_header(channel: int, p: Basic.Properties, body_size: int) -> bytes 
     return _FRAME.pack(2, channel, len(payload)) + payload + _END
 
 
-def _table(headers: dict[str, object]) -> bytes | None:
+def _table(headers: Mapping[str, object]) -> bytes | None:
     """A field table of string keys and string values (``S``, long string), else ``None``."""
     parts: list[bytes] = []
     if not all(isinstance(key, str) and isinstance(value, str) for key, value in headers.items()):
@@ -133,7 +135,7 @@ def _table(headers: dict[str, object]) -> bytes | None:
         if len(name) > 128:  # pamqp truncates such a key (with a warning): its own encoder does that
             return None
         name = bytes((len(name),)) + name
-        data = value.encode()
+        data = cast(str, value).encode()  # every value is a str (checked above)
         parts.append(name + b"S" + _LONG.pack(len(data)) + data)
     table = b"".join(parts)
     return _LONG.pack(len(table)) + table

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
+import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
@@ -176,7 +177,7 @@ class RabbitMQPublisher(Publisher):
                             del sends[i]
                 shared = list(sends)
                 if shared:
-                    futures = await confirms.send(underlay, list(sends.values()))
+                    futures = await confirms.send(cast(aiormq.Channel, underlay), list(sends.values()))
         except TimeoutError as exc:
             if wait >= self._confirm_timeout:  # the broker stopped answering: start afresh
                 await self._reset(connection)
