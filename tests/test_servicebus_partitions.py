@@ -155,20 +155,29 @@ async def test_dlq_counts_and_lists_every_partition(
 # -- the adapter's publisher --------------------------------------------------------------------------
 
 
-async def test_the_publisher_never_mixes_keys_in_a_batch_to_a_partitioned_queue(
+async def test_the_publisher_keeps_to_one_key_a_batch_once_a_partitioned_queue_refused_a_mix(
     sb: SBEnv, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The first batch mixing keys is refused (Azure/azure-service-bus#103) and its events sent
+    each alone; from then on the publisher keeps to one key a batch for that entity."""
     queue = sb.create_queue(enable_partitioning=True)
     publisher = sb.publisher()
-    events = [event(n, sb.queue, f"customer-{n % 3}") for n in range(9)] + [
-        event(n, sb.queue) for n in range(9, 13)
-    ]
+
+    def events(start: int) -> list[OutgoingMessage]:
+        return [event(n, sb.queue, f"customer-{n % 3}") for n in range(start, start + 9)] + [
+            event(n, sb.queue) for n in range(start + 9, start + 13)
+        ]
+
+    first, second = events(0), events(100)
     with caplog.at_level(logging.WARNING):
-        await asyncio.gather(*(publisher.publish(e) for e in events))
-    assert not [r for r in caplog.records if "was refused" in r.getMessage()]
-    [batcher] = publisher._batchers.values()
-    assert batcher.batches_sent == 4  # one per key, one for the keyless events
-    assert sorted(m.message_id for m in queue.messages) == sorted(e.message_id for e in events)
+        await asyncio.gather(*(publisher.publish(e) for e in first))
+        [batcher] = publisher._batchers.values()
+        assert len([r for r in caplog.records if "was refused" in r.getMessage()]) == 1
+        assert batcher.keys_apart and batcher.batches_sent == 13  # the refused batch's 13, each alone
+        await asyncio.gather(*(publisher.publish(e) for e in second))
+    assert len([r for r in caplog.records if "was refused" in r.getMessage()]) == 1  # no new refusal
+    assert batcher.batches_sent == 13 + 4  # one per key, one for the keyless events
+    assert sorted(m.message_id for m in queue.messages) == sorted(e.message_id for e in first + second)
 
 
 async def test_with_duplicate_detection_a_refused_batch_is_sent_event_by_event(

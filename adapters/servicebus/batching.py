@@ -14,16 +14,17 @@ outcome:
   sent alone, so a refusal is that message's own (permanent) and the others go through;
 * the link or the connection failed: transient (the sender is re-opened on the next send).
 
-A batch never mixes session ids or partition keys: the publishes of a pass are grouped by key
-(the session id, which is the event's partition key, else the message's partition key; events
-without either form one group) and each group packed on its own. A partitioned entity stores a
-batch in one partition and refuses one whose messages carry different keys (Service Bus engineer
-on Azure/azure-service-bus#103: a batch is a transaction and "cannot span across partitions"), and
-the adapter cannot tell a partitioned entity from a plain one without the management API, so it
-groups on every entity. The cost: the relay's ordered mode, which claims at most one row per key
-in a pass, sends its keyed events one message at a time. Partitioned entities with duplicate
-detection also refuse batches of distinct message ids (every batch of events): such a batch is
-refused whole and each of its events sent alone (above); set
+Messages of one batch may carry different session ids (one per partition key: the relay's ordered
+mode never claims two rows of one key together). A partitioned entity stores a batch in one
+partition and refuses one whose messages carry different keys (Service Bus engineer on
+Azure/azure-service-bus#103: a batch is a transaction and "cannot span across partitions"); the
+adapter cannot tell a partitioned entity from a plain one without the management API, so it
+learns it from that refusal: the refused batch's events are sent each alone (above) and from then
+on that entity's batches are grouped by key (the session id, which is the event's partition key,
+else the message's partition key; events without either form one group), each group packed on
+its own. Plain entities keep mixed batches (the ordered relay's keyed events stay batched).
+Partitioned entities with duplicate detection also refuse batches of distinct message ids (every
+batch of events): such a batch is refused whole and each of its events sent alone; set
 ``CONSUMER_KIT_SERVICEBUS_PUBLISH_BATCH_MAX_MESSAGES=1`` for them to skip the refused attempt.
 """
 
@@ -81,6 +82,7 @@ class EntityBatcher:
 
     Attributes:
         batches_sent: batches Service Bus confirmed.
+        keys_apart: a batch mixing keys was refused (a partitioned entity): batches keep to one key.
     """
 
     def __init__(self, client: ServiceBusClient, entity: str, *, max_messages: int, send_timeout: float) -> None:
@@ -92,6 +94,7 @@ class EntityBatcher:
         self._waiting: list[Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         self.batches_sent = 0
+        self.keys_apart = False
 
     def submit(self, pending: Pending) -> None:
         """Queue ``pending`` for the next batch; its ``outcome`` resolves once it is sent or refused."""
@@ -147,7 +150,7 @@ class EntityBatcher:
         are failed here, permanently, never sent."""
         packed: list[tuple[ServiceBusMessageBatch, list[Pending]]] = []
         alone: list[Pending] = []
-        for group in _by_key(taken):
+        for group in _by_key(taken) if self.keys_apart else [taken]:
             await self._pack_group(sender, group, packed, alone)
         return packed, alone
 
@@ -197,6 +200,9 @@ class EntityBatcher:
                     "a batch of %s events to %s was refused (%s): sending each alone",
                     len(members), self.entity, describe(exc),
                 )
+                if not self.keys_apart and len({_key(m) for m in members}) > 1:
+                    self.keys_apart = True  # a partitioned entity (module docstring)
+                    logger.warning("batches to %s keep to one partition key from now on", self.entity)
                 for pending in members:
                     await self._send(sender, pending.message, [pending])
                 return
@@ -224,9 +230,13 @@ def _by_key(taken: list[Pending]) -> list[list[Pending]]:
     """``taken`` grouped by session id / partition key, groups and members in arrival order."""
     groups: dict[str | None, list[Pending]] = {}
     for pending in taken:
-        message = pending.message
-        groups.setdefault(message.session_id or message.partition_key, []).append(pending)
+        groups.setdefault(_key(pending), []).append(pending)
     return list(groups.values())
+
+
+def _key(pending: Pending) -> str | None:
+    """What places a message in a partition: its session id, else its partition key."""
+    return pending.message.session_id or pending.message.partition_key
 
 
 def _fits(batch: ServiceBusMessageBatch, pending: Pending) -> bool:
