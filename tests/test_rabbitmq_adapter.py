@@ -346,7 +346,7 @@ async def test_a_batch_of_acks_is_one_multiple_ack_only_over_its_own_tags(
     ids = [await send(rabbitmq_url, unique_name, message_id=f"m{n}") for n in range(1, 6)]
     held = [await inbox.next() for _ in ids]
     assert [d.message_id for d in held] == ids  # tag order
-    d1, d2, d3, d4, d5 = held
+    d1, d2, d3, d4, _d5 = held
     # d1 is unacked below them: a multiple ack of d3 would ack it too
     assert RabbitMQDelivery._ack_groups([d2, d3])[0] == []
     groups, alone = RabbitMQDelivery._ack_groups([d4, d1, d2])

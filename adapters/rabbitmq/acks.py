@@ -34,6 +34,14 @@ def settled(message: AbstractIncomingMessage) -> None:
         tags.pop(message.delivery_tag, None)
 
 
+def settled_all(messages: Sequence[AbstractIncomingMessage]) -> None:
+    """:func:`settled` of ``messages``, all of one channel (a multiple ack)."""
+    tags = _UNACKED.get(messages[0].channel) if messages else None
+    if tags is not None:
+        for message in messages:
+            tags.pop(message.delivery_tag or 0, None)
+
+
 def multiple_ack_prefix(messages: Sequence[AbstractIncomingMessage]) -> int:
     """How many of ``messages`` (one channel's, unacked, ascending tags) one multiple ack of the
     last of them may settle: the longest prefix that is exactly the channel's lowest unacked tags

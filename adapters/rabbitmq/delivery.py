@@ -277,8 +277,7 @@ async def _ack_up_to(members: list[RabbitMQDelivery]) -> None:
     """One ``basic.ack`` with ``multiple`` of the highest tag: every member (and, by the check of
     :meth:`RabbitMQDelivery._ack_groups`, nothing else) is acked."""
     await members[-1]._message.ack(multiple=True)
-    for delivery in members:
-        acks.settled(delivery._message)
+    acks.settled_all([delivery._message for delivery in members])
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:

@@ -220,8 +220,11 @@ class Runtime:
                 try:
                     runs = [self._run_batch(batched)] if batched else []
                     runs += [self._isolated(item) for item in on_own]
-                    for ran in await asyncio.gather(*runs):  # 2. isolate, 3. run
-                        decisions.update(ran)
+                    if len(runs) == 1:  # the common case: no task for it
+                        decisions.update(await runs[0])  # 2. isolate, 3. run
+                    else:
+                        for ran in await asyncio.gather(*runs):  # 2. isolate, 3. run
+                            decisions.update(ran)
                 except SimulatedCrash:
                     for delivery in deliveries:
                         if delivery.settlement is None:
