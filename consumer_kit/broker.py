@@ -12,7 +12,8 @@ import abc
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from consumer_kit import headers as own
@@ -148,12 +149,18 @@ class Delivery(abc.ABC):
             )
             return False
 
+    def _settled_before(self, how: Settlement) -> bool:
+        """``True`` (warned) when this delivery is settled already: the first settlement wins."""
+        if self.settlement is None:
+            return False
+        logger.warning(
+            "delivery already settled as %s; ignoring %s (queue=%s message_id=%s)",
+            self.settlement.value, how.value, self.queue, self.message_id,
+        )
+        return True
+
     async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
-        if self.settlement is not None:
-            logger.warning(
-                "delivery already settled as %s; ignoring %s (queue=%s message_id=%s)",
-                self.settlement.value, how.value, self.queue, self.message_id,
-            )
+        if self._settled_before(how):
             return
         self.settlement = how
         try:
@@ -162,6 +169,9 @@ class Delivery(abc.ABC):
             return
         except Exception as exc:  # noqa: BLE001 - any failure means "the broker will redeliver"
             failure = type(exc).__name__
+        await self._abandon_after(how, failure)
+
+    async def _abandon_after(self, how: Settlement, failure: str) -> None:
         self.lost = True
         try:
             async with asyncio.timeout(self.settle_timeout):
@@ -189,9 +199,61 @@ class Delivery(abc.ABC):
     async def _renew_lock(self) -> bool:
         return True
 
+    @classmethod
+    def _ack_groups(cls, deliveries: list[Any]) -> tuple[list[AckGroup], list[Any]]:
+        """The adapter's hook for :func:`ack_all`: which of ``deliveries`` (of this class, not
+        settled, in delivery order) one broker call can ack together, and the rest, acked one by
+        one. Each :class:`AckGroup` names its members and the call; the call may only be made when
+        nothing but the members is settled by it (RabbitMQ: a multiple ``basic.ack`` covers every
+        lower unacked tag of its channel). Default: no groups, every delivery on its own."""
+        return [], deliveries
+
     async def _abandon(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
         """Make sure the broker redelivers this message although its settlement failed (e.g. close
         the channel it came on). Default: nothing (the lock lapses by itself)."""
+
+
+@dataclass(frozen=True, eq=False)
+class AckGroup:
+    """Deliveries one broker call acks together (:meth:`Delivery._ack_groups`): ``call`` acks
+    every member or raises (then every member is abandoned, as a failed :meth:`Delivery.ack`)."""
+
+    members: Sequence[Delivery]
+    call: Callable[[], Awaitable[None]]
+
+
+async def ack_all(deliveries: Sequence[Delivery]) -> None:
+    """Ack ``deliveries`` (one queue's, in delivery order) with as few broker calls as their
+    adapter can safely make (RabbitMQ: one multiple ``basic.ack`` per channel where every lower
+    unacked tag is among them), each of the others with its own :meth:`Delivery.ack`. The same
+    contract as ``ack``: bounded by ``settle_timeout``, never raising, first settlement wins; a
+    group whose call fails or overruns is abandoned as a whole (every member ``lost``)."""
+    fresh: dict[type[Delivery], list[Delivery]] = {}
+    for delivery in deliveries:
+        if not delivery._settled_before(Settlement.ACK):
+            fresh.setdefault(type(delivery), []).append(delivery)
+    calls: list[Awaitable[None]] = []
+    for kind, members in fresh.items():
+        groups, alone = kind._ack_groups(members)
+        calls += [_ack_group(group) for group in groups]
+        calls += [delivery.ack() for delivery in alone]
+    if len(calls) == 1:
+        await calls[0]  # the common case: no task per call
+    elif calls:
+        await asyncio.gather(*calls)
+
+
+async def _ack_group(group: AckGroup) -> None:
+    for delivery in group.members:
+        delivery.settlement = Settlement.ACK
+    try:
+        async with asyncio.timeout(min(d.settle_timeout for d in group.members)):
+            await group.call()
+        return
+    except Exception as exc:  # noqa: BLE001 - any failure means "the broker will redeliver"
+        failure = type(exc).__name__
+    for delivery in group.members:
+        await delivery._abandon_after(Settlement.ACK, failure)
 
 
 DeliveryCallback = Callable[[Delivery], Awaitable[None]]

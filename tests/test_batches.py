@@ -16,7 +16,7 @@ import pytest
 
 from consumer_kit import App, ConfigurationError, Context, Outcome, Result
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
-from consumer_kit.broker import Delivery
+from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.handler import Handler
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.batching import Batcher, batch_setting
@@ -244,6 +244,44 @@ async def test_the_batcher_gathers_what_arrives_together(database_url: str) -> N
         await consumer.close()
         assert sum(sizes) == 25 and max(sizes) == 10, sizes
         assert len(await fetch_all(database_url, schema, "SELECT * FROM invoices")) == 25
+
+
+async def test_a_cancelled_delivery_is_released_while_held_and_cancels_its_running_batch() -> None:
+    broker = MemoryBroker()
+    inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+    never = asyncio.Event()
+
+    async def hold(delivery: Delivery) -> None:
+        inbox.put_nowait(delivery)
+        await never.wait()
+
+    async def run(deliveries: Sequence[Delivery]) -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            for delivery in deliveries:
+                await delivery.release()  # as process_batch does
+            raise
+
+    batcher = Batcher(run, size=2, wait=3600.0)
+    for order in range(3):
+        broker.send(QUEUE, command(order))
+    consumer = MemoryConsumer(broker)
+    await consumer.subscribe(QUEUE, hold, prefetch=3)
+    first, second, third = [await asyncio.wait_for(inbox.get(), 10) for _ in range(3)]
+    in_batch = [asyncio.create_task(batcher.add(first)), asyncio.create_task(batcher.add(second))]
+    held = asyncio.create_task(batcher.add(third))
+    await asyncio.sleep(0)  # each add runs up to its wait; the first two make a full batch
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    assert third.settlement is Settlement.RELEASED and first.settlement is None
+    in_batch[0].cancel()
+    results = await asyncio.gather(*in_batch, return_exceptions=True)
+    assert all(isinstance(r, asyncio.CancelledError) for r in results), results
+    assert (first.settlement, second.settlement) == (Settlement.RELEASED, Settlement.RELEASED)
+    never.set()  # the adapter's callbacks end
+    await consumer.close()
 
 
 async def test_each_delivery_has_its_span_linked_to_the_batch(database_url: str, otel) -> None:  # type: ignore[no-untyped-def]

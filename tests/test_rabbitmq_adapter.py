@@ -39,7 +39,7 @@ from consumer_kit.adapters.rabbitmq.envelope import user_of_url
 from consumer_kit.adapters.rabbitmq.errors import publish_error
 from consumer_kit.adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
 from consumer_kit.adapters.rabbitmq.publisher import properties_of
-from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.publishing import OutgoingMessage, PublishError
 from tests.conftest import close_vhost_connections, vhost_of
 from tests.tcp_proxy import TcpProxy
@@ -334,6 +334,33 @@ async def test_ack_removes_the_message(rabbitmq_url: str, unique_name: str, clea
         assert (following.message_id, following.correlation_id) == ("second", "corr-7")
         await following.ack()
     assert not consumer.ready
+    assert await queue_state(rabbitmq_url, unique_name) == (0, 0)
+
+
+async def test_a_batch_of_acks_is_one_multiple_ack_only_over_its_own_tags(
+    rabbitmq_url: str, unique_name: str, cleanup: list[str]
+) -> None:
+    inbox = Inbox()
+    consumer = make_consumer(rabbitmq_url)
+    await consumer.subscribe(unique_name, inbox, prefetch=5)
+    ids = [await send(rabbitmq_url, unique_name, message_id=f"m{n}") for n in range(1, 6)]
+    held = [await inbox.next() for _ in ids]
+    assert [d.message_id for d in held] == ids  # tag order
+    d1, d2, d3, d4, _d5 = held
+    # d1 is unacked below them: a multiple ack of d3 would ack it too
+    assert RabbitMQDelivery._ack_groups([d2, d3])[0] == []
+    groups, alone = RabbitMQDelivery._ack_groups([d4, d1, d2])
+    assert [list(g.members) for g in groups] == [[d1, d2]] and alone == [d4]
+    await ack_all([d4, d1, d2])
+    assert [d.settlement for d in held] == [Settlement.ACK] * 2 + [None, Settlement.ACK, None]
+    assert not any(d.lost for d in held)
+    await consumer.close()  # d3 and d5, never acked, go back; the acks covered nothing else
+    again = Inbox()
+    async with consuming(rabbitmq_url, unique_name, again, prefetch=5):
+        back = [await again.next(), await again.next()]
+        assert sorted(d.message_id for d in back) == ["m3", "m5"]  # type: ignore[type-var]
+        await ack_all(back)
+        assert all(d.settlement is Settlement.ACK and not d.lost for d in back)
     assert await queue_state(rabbitmq_url, unique_name) == (0, 0)
 
 

@@ -39,7 +39,7 @@ from consumer_kit.adapters.sqs.errors import describe, entry_publish_error
 from consumer_kit.adapters.sqs.limits import size_of
 from consumer_kit.adapters.sqs.redelivery import GiveBacks
 from consumer_kit.adapters.sqs.topology import QueueInfo
-from consumer_kit.broker import Delivery
+from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.outbox_relay.relay import relay_pending
 from consumer_kit.publishing import OutgoingMessage
@@ -352,6 +352,21 @@ async def test_the_same_message_twice_in_one_receive_runs_once(sqs: SQSClient, s
         with pytest.raises(TimeoutError):
             await inbox.next(timeout=1.5)  # never handed out a second time
         assert consumer.duplicates_absorbed == 1
+    assert await depth(sqs, url) == 0
+
+
+async def test_a_batch_of_acks_is_one_delete_message_batch(sqs: SQSClient, sqs_endpoint: str) -> None:  # noqa: F811
+    name = f"t{uuid.uuid4().hex[:10]}"
+    url = await make_queue(sqs, name)
+    inbox = Inbox()
+    async with consuming(sqs_endpoint, name, inbox) as consumer:
+        for _ in range(10):
+            await send(sqs, url)
+        held = [await inbox.next() for _ in range(10)]
+        await ack_all(held)
+        assert all(d.settlement is Settlement.ACK and not d.lost for d in held)
+        assert consumer.client.calls["delete_message_batch"] == 1  # SQS's limit: 10 entries a call
+        assert consumer.settler.deletes == 10
     assert await depth(sqs, url) == 0
 
 

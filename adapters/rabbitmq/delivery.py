@@ -32,6 +32,7 @@ delivery still unacked on it (never one left unacked on a live channel).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from typing import Any
 
@@ -41,8 +42,9 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
 from consumer_kit import headers as own_headers
-from consumer_kit.broker import Delivery
+from consumer_kit.broker import AckGroup, Delivery
 
+from . import acks
 from .connection import close_channel_soon
 from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,
@@ -117,6 +119,28 @@ class RabbitMQDelivery(Delivery):
 
     async def _ack(self) -> None:
         await self._message.ack()
+        acks.settled(self._message)
+
+    @classmethod
+    def _ack_groups(cls, deliveries: list[Any]) -> tuple[list[AckGroup], list[Any]]:
+        """Per channel, the deliveries whose tags are that channel's lowest unacked ones: one
+        multiple ``basic.ack`` of the highest (:mod:`consumer_kit.adapters.rabbitmq.acks`); the
+        others ack alone."""
+        by_channel: dict[int, list[RabbitMQDelivery]] = {}
+        for delivery in deliveries:
+            by_channel.setdefault(id(delivery._message.channel), []).append(delivery)
+        groups: list[AckGroup] = []
+        alone: list[Any] = []
+        for members in by_channel.values():
+            members.sort(key=lambda d: d._message.delivery_tag or 0)
+            n = acks.multiple_ack_prefix([d._message for d in members])
+            if n < 2:
+                alone += members
+                continue
+            together = members[:n]
+            groups.append(AckGroup(together, functools.partial(_ack_up_to, together)))
+            alone += members[n:]
+        return groups, alone
 
     async def _retry(self, delay: float) -> None:
         headers = copy_headers(self.headers_for_copies)
@@ -141,6 +165,7 @@ class RabbitMQDelivery(Delivery):
                 exc, self._names.dlq, self.queue, self.message_id, reason,
             )
             await self._message.reject(requeue=False)
+            acks.settled(self._message)
             return
         if not await self._publish_then_ack(self._names.dlq, properties, trimmed, "dead_letter"):
             await self._requeue_instead("dead_letter")
@@ -201,6 +226,7 @@ class RabbitMQDelivery(Delivery):
             why, queue, self.queue, self.message_id, self.delivery_count,
         )
         await self._message.ack()
+        acks.settled(self._message)
         return True
 
     async def _requeue_instead(self, why: str) -> None:
@@ -208,6 +234,7 @@ class RabbitMQDelivery(Delivery):
         broker redelivers it as a redelivery, so the delivery counts as ``lost`` (the runtime
         excuses that redelivery)."""
         await self._message.nack(requeue=True)
+        acks.settled(self._message)
         self.lost = True
         logger.warning(
             "%s fell back to nack-requeue (queue=%s message_id=%s): it comes back as a redelivery",
@@ -244,6 +271,13 @@ class RabbitMQDelivery(Delivery):
             app_id=original.app_id,
             user_id=self._own_user,
         ).properties
+
+
+async def _ack_up_to(members: list[RabbitMQDelivery]) -> None:
+    """One ``basic.ack`` with ``multiple`` of the highest tag: every member (and, by the check of
+    :meth:`RabbitMQDelivery._ack_groups`, nothing else) is acked."""
+    await members[-1]._message.ack(multiple=True)
+    acks.settled_all([delivery._message for delivery in members])
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:

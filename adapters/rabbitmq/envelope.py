@@ -25,6 +25,7 @@ delivery a copy is made of.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -98,6 +99,7 @@ def own_user_of(channel: Any) -> str | None:
     return None if url is None else user_of_url(str(url))
 
 
+@functools.lru_cache(maxsize=64)  # one URL per connection: parsed once, not per delivery
 def user_of_url(url: str) -> str | None:
     """The user an AMQP URL authenticates as (PLAIN: its user, aiormq's default ``guest``), or
     ``None`` where the URL does not say (``auth=external``: a client certificate)."""

@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
 
+from . import acks
 from .connection import close_channel_soon
 from .delivery import RabbitMQDelivery
 from .errors import describe
@@ -156,6 +157,7 @@ class Subscription:
 
     async def _consume(self, queue: AbstractQueue, channel: AbstractChannel) -> str:
         async def on_message(message: AbstractIncomingMessage) -> None:
+            acks.hold(message)  # unacked until the frame settling it is written
             delivery = build_delivery(
                 lambda: RabbitMQDelivery(
                     message,
@@ -176,6 +178,11 @@ class Subscription:
         """A message that cannot be mapped onto a delivery: basic.reject without requeue, so the
         queue's dead-letter exchange moves it, unchanged, to ``<queue>.dlq`` (``x-death`` reason
         ``rejected``; why is logged)."""
-        task = asyncio.create_task(message.reject(requeue=False), name=f"consumer-kit rabbitmq reject {self.queue}")
+        task = asyncio.create_task(self._reject(message), name=f"consumer-kit rabbitmq reject {self.queue}")
         self._rejects.add(task)
         task.add_done_callback(self._rejects.discard)
+
+    @staticmethod
+    async def _reject(message: AbstractIncomingMessage) -> None:
+        await message.reject(requeue=False)
+        acks.settled(message)

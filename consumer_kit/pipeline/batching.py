@@ -76,7 +76,9 @@ class Batcher:
         elif self._timer is None and not self._full:
             self._start_timer()
         try:
-            await asyncio.shield(done)
+            # No shield (a future and callbacks more per delivery): cancelled here, ``done`` is
+            # cancelled too, and the batch skips it (it tells only futures not done yet).
+            await done
         except asyncio.CancelledError:
             if any(d is delivery for d, _ in self._held):
                 self._held = [(d, f) for d, f in self._held if d is not delivery]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.app import App
-from consumer_kit.broker import Delivery, Settlement
+from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.database import open_pool
 from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.decoding import decode
@@ -220,8 +220,11 @@ class Runtime:
                 try:
                     runs = [self._run_batch(batched)] if batched else []
                     runs += [self._isolated(item) for item in on_own]
-                    for ran in await asyncio.gather(*runs):  # 2. isolate, 3. run
-                        decisions.update(ran)
+                    if len(runs) == 1:  # the common case: no task for it
+                        decisions.update(await runs[0])  # 2. isolate, 3. run
+                    else:
+                        for ran in await asyncio.gather(*runs):  # 2. isolate, 3. run
+                            decisions.update(ran)
                 except SimulatedCrash:
                     for delivery in deliveries:
                         if delivery.settlement is None:
@@ -236,7 +239,7 @@ class Runtime:
                     raise
                 for delivery in deliveries:
                     traces[id(delivery)].decided(decisions[id(delivery)])
-                await asyncio.gather(*(self._settle(d, decisions[id(d)]) for d in deliveries))  # 4. settle
+                await self._settle_batch(deliveries, decisions)  # 4. settle
             finally:
                 for notes in traces.values():
                     notes.span.end()
@@ -479,6 +482,18 @@ class Runtime:
             # as a redelivery when the consumer is cancelled with it in transit).
             await self.hooks.before_release()
         await settle(delivery, decision)
+
+    async def _settle_batch(self, deliveries: Sequence[Delivery], decisions: dict[int, Decision]) -> None:
+        """A batch's settlements: its acks together (one multiple ack, batched deletes: the
+        adapter's :meth:`Delivery._ack_groups`), every other settlement on its own, beside them."""
+        acks = [d for d in deliveries if decisions[id(d)].how is Settlement.ACK]
+        for _ in acks:
+            crashpoints.reached(CrashPoint.BEFORE_ACK)
+        others = [self._settle(d, decisions[id(d)]) for d in deliveries if decisions[id(d)].how is not Settlement.ACK]
+        if not others:
+            await ack_all(acks)
+        else:
+            await asyncio.gather(ack_all(acks), *others)
 
     def _report(self, delivery: Delivery, decoded: Decoded | None, decision: Decision, started: float) -> DeliveryReport:
         return DeliveryReport(
