@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import typing
 import uuid
@@ -317,7 +318,7 @@ class Handler(Generic[M]):
                 f"projection_version {type(self).projection_version}"
             )
 
-    @property
+    @functools.cached_property  # read on every delivery; the class attributes it reads are fixed
     def retention(self) -> Retention:
         """The ledger retention of this handler's operations (seconds; ``None``: kept)."""
         cls = type(self)
