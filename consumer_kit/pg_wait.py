@@ -10,9 +10,10 @@ register/unregister pair and 4.5 µs for the timer, about 100 µs of client CPU 
 :class:`KeptWaitConnection` keeps the reader registered while waits follow each other. A read
 wait then costs a future. The rules that keep it as safe as psycopg's own:
 
-* the socket turning readable with nobody waiting (a NOTICE, a NOTIFY, the server closing) drops
-  the registration at once, so an idle connection never spins the loop; the next wait registers
-  again and reads what is there, as psycopg's would;
+* the socket reported readable twice in a row with nobody waiting (a NOTICE, a NOTIFY, the
+  server closing) drops the registration, so an idle connection never spins the loop; the next
+  wait registers again and reads what is there, as psycopg's would (once is usually a stale
+  report of data the waiting task then read);
 * a wait that has to write (``Wait.W``/``Wait.RW``: the send buffer was full), a wait with a
   ``timeout``, and the wait after a cancellation go to psycopg's own wait unchanged (psycopg's
   cancel-on-interrupt included: see :meth:`KeptWaitConnection.wait`);
@@ -73,6 +74,7 @@ class KeptWaitConnection(psycopg.AsyncConnection[Any]):
     _kept_loop: asyncio.AbstractEventLoop | None = None
     _kept_fd: int = -1
     _waiter: asyncio.Future[None] | None = None
+    _idle_reports = 0  # readable reports in a row with nobody waiting
 
     async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         """Consume ``gen`` (a psycopg generator on this connection); as psycopg's ``wait``.
@@ -95,6 +97,7 @@ class KeptWaitConnection(psycopg.AsyncConnection[Any]):
                     self._drop()
                     return await super().wait(cast("PQGen[Any]", _Resumed(gen, state)), interval)
                 fut = self._waiter = loop.create_future()
+                self._idle_reports = 0
                 self._keep(loop)
                 try:
                     await fut
@@ -126,7 +129,13 @@ class KeptWaitConnection(psycopg.AsyncConnection[Any]):
     def _readable(self) -> None:
         fut = self._waiter
         if fut is None:
-            self._drop()  # readable with nobody waiting: never spin; the next wait reads it
+            # Readable with nobody waiting. Once is usually a stale report: the loop polled the
+            # socket before the task that then read its data ran. A second time in a row, data
+            # is really there (a NOTICE, a NOTIFY, the server closing): drop the registration,
+            # never spin; the next wait reads it.
+            self._idle_reports += 1
+            if self._idle_reports > 1:
+                self._drop()
         elif not fut.done():
             fut.set_result(None)
 
