@@ -92,10 +92,7 @@ class KeptWaitConnection(psycopg.AsyncConnection[Any]):
             return done.value
         loop = asyncio.get_running_loop()
         try:
-            while True:
-                if state != _R:  # a write wait (rare): psycopg's own wait, from this step on
-                    self._drop()
-                    return await super().wait(cast("PQGen[Any]", _Resumed(gen, state)), interval)
+            while state == _R:  # a write wait (rare) goes to psycopg's own wait, below
                 fut = self._waiter = loop.create_future()
                 self._idle_reports = 0
                 self._keep(loop)
@@ -116,6 +113,8 @@ class KeptWaitConnection(psycopg.AsyncConnection[Any]):
             if isinstance(exc, OSError):
                 raise psycopg.OperationalError("connection socket closed") from exc
             raise
+        self._drop()
+        return await super().wait(cast("PQGen[Any]", _Resumed(gen, state)), interval)  # from this step on
 
     def _keep(self, loop: asyncio.AbstractEventLoop) -> None:
         fd = self.pgconn.socket

@@ -91,3 +91,12 @@ async def test_a_server_closing_an_idle_connection_breaks_it_without_spinning(da
         with pytest.raises(psycopg.OperationalError):
             await conn.execute("SELECT 1")
         assert conn.broken
+
+
+async def test_a_statement_larger_than_the_send_buffer_goes_through_psycopgs_write_wait(database_url: str) -> None:
+    big = "x" * (16 * 1024 * 1024)  # far past a socket's send buffer: libpq must wait to write
+    async with await KeptWaitConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT length(%s::text)", (big,))
+        assert await cur.fetchone() == (len(big),)
+        cur = await conn.execute("SELECT 4")  # and the read waits after it keep working
+        assert await cur.fetchone() == (4,)
