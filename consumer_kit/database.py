@@ -11,16 +11,16 @@ up to 5 s, then closes the connection, so a bounded statement returns within
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from types import TracebackType
+from typing import Any, cast
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import prepared
+from consumer_kit.deadlines import overran, step_bound
 from consumer_kit.errors import ConfigurationError, StatementTimeout
+from consumer_kit.pg_wait import KeptWaitConnection
 from consumer_kit.redaction import redact, redact_url
 from consumer_kit.settings import Settings
 
@@ -38,22 +38,36 @@ COMMIT_AND_RESET = (
 ROLLBACK_AND_RESET = b"ROLLBACK; SELECT pg_advisory_unlock_all()"
 
 
-@contextlib.asynccontextmanager
-async def bounded(seconds: float, what: str) -> AsyncIterator[None]:
-    """Bound a block of consumer-kit's own database work to ``seconds``.
+class bounded:
+    """Bound a block of consumer-kit's own database work to ``seconds`` (``async with``): a
+    step of the delivery's one timer inside a delivery's transaction
+    (:mod:`consumer_kit.deadlines`), else an ``asyncio.timeout``.
 
     Raises:
         StatementTimeout: the block overran (an environment fault); the caller discards the
             connection it was using.
     """
-    scope = asyncio.timeout(seconds)
-    try:
-        async with scope:
-            yield
-    except TimeoutError:
-        if scope.expired():  # ours, not a TimeoutError raised inside the block
-            raise StatementTimeout(f"{what} did not answer within {seconds:g} s") from None
-        raise
+
+    __slots__ = ("_scope", "_seconds", "_what")
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self._seconds, self._what = seconds, what
+        self._scope = step_bound(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._scope.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self._scope.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if overran(self._scope):  # ours, not a TimeoutError raised inside the block
+                raise StatementTimeout(f"{self._what} did not answer within {self._seconds:g} s") from None
+            raise
+        if exc_type is TimeoutError and overran(self._scope):  # the block's own TimeoutError, past the bound
+            raise StatementTimeout(f"{self._what} did not answer within {self._seconds:g} s") from None
 
 
 async def discard(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -108,15 +122,16 @@ async def open_pool(
             connection first, so a wrong URL fails at once instead of after the pool's timeout).
     """
     await _check_reachable(database_url)
-    pool = AsyncConnectionPool(
+    pool: AsyncConnectionPool = cast(AsyncConnectionPool, AsyncConnectionPool(
         database_url,
         min_size=1,
         max_size=size or settings.effective_pool_size,
         kwargs=connection_options(settings, search_path),
+        connection_class=KeptWaitConnection,  # one loop registration per connection, not per wait
         open=False,
         name="consumer-kit",
         timeout=settings.statement_timeout,
-    )
+    ))  # of KeptWaitConnection, an AsyncConnection
     await pool.open(wait=True, timeout=30)
     return pool
 

@@ -8,7 +8,6 @@ without committing it itself.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit import prepared
 from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
+from consumer_kit.deadlines import overran, step_bound
 from consumer_kit.errors import RetryableError, StatementTimeout
 from consumer_kit.model.results import Result, StoredResult
 
@@ -127,12 +127,12 @@ async def within_handler_timeout(call: Awaitable[T], timeout: float) -> T:
     Raises:
         HandlerTimeout: it ran longer.
     """
-    scope = asyncio.timeout(timeout)
+    scope = step_bound(timeout)  # the delivery's one timer, inside its transaction
     try:
         async with scope:
             return await call
     except TimeoutError:
-        if scope.expired():
+        if overran(scope):
             raise HandlerTimeout(f"handler ran longer than handler_timeout ({timeout:g} s)") from None
         raise
 

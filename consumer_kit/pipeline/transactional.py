@@ -18,6 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
+from consumer_kit.deadlines import DeliveryClock
 from consumer_kit.decoding import DecodedDelivery as Decoded
 from consumer_kit.envelope import Envelope
 from consumer_kit.errors import PermanentFailure, StatementTimeout
@@ -114,6 +115,10 @@ class TransactionalPath:
     async def _transaction(self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope) -> Verdict:
         """BEGIN and claim (one round trip), run, COMMIT with the session reset; ROLLBACK on any
         exception, and when the claim's lock wait aborted the transaction."""
+        with DeliveryClock():  # one timer for the claim's, handler's, completion's and COMMIT's bounds
+            return await self._bounded_transaction(conn, decoded, envelope)
+
+    async def _bounded_transaction(self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope) -> Verdict:
         timeout = self.settings.statement_timeout
         try:
             verdict = await self._claim_and_run(conn, decoded, envelope)
