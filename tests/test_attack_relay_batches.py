@@ -13,6 +13,7 @@ is matched to its publish by message id).
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 
 import aio_pika
@@ -26,6 +27,7 @@ from tests.harness import throwaway_schema
 from tests.test_relay_rabbitmq import assert_key_order
 from tests.test_relay_support import (
     Event,
+    Received,
     Recorder,
     connect,
     relay_settings,
@@ -188,3 +190,70 @@ async def test_two_messages_of_a_batch_with_one_message_id_each_get_their_own_ou
     finally:
         await publisher.close()
         await connection.close()
+
+
+async def test_nacks_in_the_middle_of_relay_chunks_keep_rows_pending_and_per_key_order(
+    database_url: str, rabbitmq_url: str, unique_name: str
+) -> None:
+    """A queue bound to the destination holds 10 messages and refuses more (``reject-publish``):
+    the broker nacks the rest of each chunk while the first ones of it are acked. Nacked rows stay
+    pending and are retried as the queue drains; that queue gets every event, and per key its
+    first arrivals come in commit order (a key's next row is never published before its nacked
+    predecessor is confirmed)."""
+    async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
+        table = sql.Identifier(schema, "outbox").as_string(None)
+        connection = await aio_pika.connect(rabbitmq_url)
+        try:
+            channel = await connection.channel()
+            exchange = await channel.declare_exchange(unique_name, aio_pika.ExchangeType.TOPIC, durable=True)
+            small = await channel.declare_queue(
+                f"{unique_name}.small", auto_delete=True,
+                arguments={"x-max-length": 10, "x-overflow": "reject-publish"},
+            )
+            await small.bind(exchange, "#")
+            events = [
+                Event(unique_name, "thing.happened", partition_key=f"k{k}", payload={"key": f"k{k}", "seq": s})
+                for s in range(5) for k in range(6)
+            ] + [Event(unique_name, "thing.loose", payload={"n": n}) for n in range(30)]
+            async with await connect(database_url) as conn:
+                ids = await write_events(conn, schema, events)
+            relay = Relay(relay_settings(database_url, schema, rabbitmq_url, relay_id="R", relay_max_in_flight=20))
+            relay_task = asyncio.create_task(relay.run())
+            try:
+                async def small_is_full() -> bool:
+                    declared = await channel.declare_queue(small.name, passive=True)
+                    return (declared.declaration_result.message_count or 0) == 10
+
+                await wait_until(small_is_full, 30, "the small queue to fill up")
+                pending = await rows(database_url, f"SELECT count(*) FROM {table} WHERE published_at IS NULL")
+                assert pending[0][0] > 0  # the rest was nacked: still pending
+
+                got: list[Received] = []
+                done = asyncio.Event()
+                wanted = {str(i) for i in ids}
+
+                async def on_message(m: aio_pika.abc.AbstractIncomingMessage) -> None:
+                    got.append(Received(m.message_id or "", dict(m.headers), json.loads(m.body), 0.0))
+                    await m.ack()
+                    if wanted <= {r.message_id for r in got}:
+                        done.set()
+
+                await channel.set_qos(prefetch_count=1)
+                await small.consume(on_message)
+                await asyncio.wait_for(done.wait(), 60)
+                await rec.wait_for(ids, 30)
+
+                async def all_marked() -> bool:
+                    left = await rows(database_url, f"SELECT count(*) FROM {table} WHERE published_at IS NULL")
+                    return left[0][0] == 0
+
+                await wait_until(all_marked, 30, "every row to be marked published")
+            finally:
+                relay.request_stop()
+                await asyncio.wait_for(relay_task, 15)
+        finally:
+            await connection.close()
+        assert_key_order(got)
+        assert_key_order(rec.received)
+        # a nacked publish was still routed to the recorder's queue: republished rows came twice there
+        assert len(rec.received) > len(ids)
