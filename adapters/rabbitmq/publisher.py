@@ -141,7 +141,8 @@ class RabbitMQPublisher(Publisher):
         most ``within`` seconds, and at most ``confirm_timeout``); one outcome per message, in
         order: ``None`` confirmed, else the :class:`PublishError` :meth:`publish` would raise
         (:class:`PublishTimeout` when unconfirmed in time). Messages to a destination published
-        alone (module docstring) go one by one after the others."""
+        alone (module docstring), and a message repeating an earlier one's ``message_id``, go one
+        by one after the others."""
         loop = asyncio.get_running_loop()
         wait = min(max(within, 0.0), self._confirm_timeout)
         deadline, caller_deadline = loop.time() + wait, loop.time() + max(within, 0.0)
@@ -159,14 +160,18 @@ class RabbitMQPublisher(Publisher):
                 underlay = await channel.get_underlay_channel()
                 frame_max = frame_max_of(underlay)
                 sends: dict[int, confirms.Publish] = {}
+                ids: set[str] = set()
                 for i, message in enumerate(messages):
                     prepared = self._prepare(message, frame_max)
                     if isinstance(prepared, PublishError):
                         outcomes[i] = prepared
-                    elif message.destination in self._suspects:
+                    elif message.destination in self._suspects or message.message_id in ids:
+                        # a second publish of one message id in flight: a basic.return finds its
+                        # publish by message id, so it could resolve the other one's confirmation
                         alone.append(i)
                     else:
                         sends[i] = prepared
+                        ids.add(message.message_id)
                 first = {messages[i].destination: messages[i] for i in reversed(sends)}
                 for name, message in first.items():  # each new destination declared once
                     try:
