@@ -24,7 +24,8 @@ from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.outbox_relay import Relay
 from consumer_kit.publishing import OutgoingMessage, PublishError
 from tests.harness import throwaway_schema
-from tests.test_relay_rabbitmq import assert_key_order
+from tests.test_rabbitmq_adapter import queue_state, raw_channel
+from tests.test_relay_rabbitmq import assert_key_order, chunks, keyed_events
 from tests.test_relay_support import (
     Event,
     Received,
@@ -48,6 +49,11 @@ def message(destination: str, routing_key: str, n: int) -> OutgoingMessage:
     )
 
 
+def loose_events(destination: str, n: int) -> list[Event]:
+    """``n`` events without a partition key, ``payload={"n": 0..n-1}``."""
+    return [Event(destination, "thing.loose", payload={"n": i}) for i in range(n)]
+
+
 async def drain(queue: aio_pika.abc.AbstractQueue) -> list[str]:
     got: list[str] = []
     while (m := await queue.get(no_ack=True, fail=False)) is not None:
@@ -58,63 +64,61 @@ async def drain(queue: aio_pika.abc.AbstractQueue) -> list[str]:
 async def test_a_channel_closed_mid_chunk_confirms_only_what_arrived_and_the_rest_goes_through_later(
     rabbitmq_url: str, unique_name: str
 ) -> None:
-    connection = await aio_pika.connect(rabbitmq_url)
     publisher = RabbitMQPublisher(rabbitmq_url)
     exchange = f"{unique_name}.events"
     try:
-        channel = await connection.channel()
-        ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
-        full = await channel.declare_queue(
-            f"{unique_name}.full", auto_delete=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
-        )
-        bound = await channel.declare_queue(f"{unique_name}.bound", auto_delete=True)
-        await publisher.declare(exchange)  # the publisher now believes the exchange exists
-        await channel.exchange_delete(exchange)  # ...and it is gone: the publish closes the channel
+        async with raw_channel(rabbitmq_url) as channel:
+            ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
+            full = await channel.declare_queue(
+                f"{unique_name}.full", auto_delete=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+            )
+            bound = await channel.declare_queue(f"{unique_name}.bound", auto_delete=True)
+            await publisher.declare(exchange)  # the publisher now believes the exchange exists
+            await channel.exchange_delete(exchange)  # ...and it is gone: the publish closes the channel
 
-        batch = [
-            message("", ok.name, 0),
-            message("", full.name, 1),
-            message("", full.name, 2),  # nacked
-            message("", f"{unique_name}.missing", 3),  # returned
-            message("", ok.name, 4),
-            message(exchange, "k", 5),  # 404: the broker closes the publishing channel here
-            message("", ok.name, 6),
-            message("", ok.name, 7),
-        ]
-        outcomes = await publisher.publish_batch(batch, within=10.0)
-        arrived_ok, arrived_full = await drain(ok), await drain(full)
-        confirmed = {batch[i].message_id for i, o in enumerate(outcomes) if o is None}
-        # confirmed => arrived (the guarantee); never the ones written after the closing publish
-        assert confirmed <= set(arrived_ok) | set(arrived_full), (outcomes, arrived_ok, arrived_full)
-        assert all(isinstance(outcomes[i], PublishError) for i in (2, 3, 5, 6, 7)), outcomes
-        assert all(o is None or isinstance(o, PublishError) for o in outcomes)
-        assert "ev-2" not in arrived_full  # the nacked one really was refused
-        # the channel-closing failure is the broker's (transient) for the others; the nacked one too
-        for i in (2, 5, 6, 7):
-            failure = outcomes[i]
-            assert isinstance(failure, PublishError) and failure.transient, (i, failure)
-        returned = outcomes[3]
-        assert isinstance(returned, PublishError) and not returned.transient and not returned.permanent
+            batch = [
+                message("", ok.name, 0),
+                message("", full.name, 1),
+                message("", full.name, 2),  # nacked
+                message("", f"{unique_name}.missing", 3),  # returned
+                message("", ok.name, 4),
+                message(exchange, "k", 5),  # 404: the broker closes the publishing channel here
+                message("", ok.name, 6),
+                message("", ok.name, 7),
+            ]
+            outcomes = await publisher.publish_batch(batch, within=10.0)
+            arrived_ok, arrived_full = await drain(ok), await drain(full)
+            confirmed = {batch[i].message_id for i, o in enumerate(outcomes) if o is None}
+            # confirmed => arrived (the guarantee); never the ones written after the closing publish
+            assert confirmed <= set(arrived_ok) | set(arrived_full), (outcomes, arrived_ok, arrived_full)
+            assert all(isinstance(outcomes[i], PublishError) for i in (2, 3, 5, 6, 7)), outcomes
+            assert all(o is None or isinstance(o, PublishError) for o in outcomes)
+            assert "ev-2" not in arrived_full  # the nacked one really was refused
+            # the channel-closing failure is the broker's (transient) for the others; the nacked one too
+            for i in (2, 5, 6, 7):
+                failure = outcomes[i]
+                assert isinstance(failure, PublishError) and failure.transient, (i, failure)
+            returned = outcomes[3]
+            assert isinstance(returned, PublishError) and not returned.transient and not returned.permanent
 
-        # the relay publishes the failed ones again (same message ids): all of them go through now
-        await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
-        await bound.bind(exchange, "k")
-        again = [m for m, o in zip(batch, outcomes, strict=True) if o is not None and m.routing_key != full.name
-                 and not m.routing_key.endswith(".missing")]
-        assert [m.message_id for m in again if m.destination == exchange] == ["ev-5"]
-        retried = await publisher.publish_batch(again, within=10.0)
-        assert retried == [None] * len(again), retried
-        arrived_ok += await drain(ok)
-        assert set(arrived_ok) == {"ev-0", "ev-4", "ev-6", "ev-7"}  # every one at least once
-        assert await drain(bound) == ["ev-5"]
-        # and the channel is good for the next batch (the destination's suspicion cleared)
-        assert await publisher.publish_batch([message(exchange, "k", 8), message("", ok.name, 9)], within=10.0) == [
-            None, None,
-        ]
-        assert await drain(bound) == ["ev-8"] and await drain(ok) == ["ev-9"]
+            # the relay publishes the failed ones again (same message ids): all of them go through now
+            await channel.declare_exchange(exchange, aio_pika.ExchangeType.TOPIC, durable=True)
+            await bound.bind(exchange, "k")
+            again = [m for m, o in zip(batch, outcomes, strict=True) if o is not None and m.routing_key != full.name
+                     and not m.routing_key.endswith(".missing")]
+            assert [m.message_id for m in again if m.destination == exchange] == ["ev-5"]
+            retried = await publisher.publish_batch(again, within=10.0)
+            assert retried == [None] * len(again), retried
+            arrived_ok += await drain(ok)
+            assert set(arrived_ok) == {"ev-0", "ev-4", "ev-6", "ev-7"}  # every one at least once
+            assert await drain(bound) == ["ev-5"]
+            # and the channel is good for the next batch (the destination's suspicion cleared)
+            assert await publisher.publish_batch([message(exchange, "k", 8), message("", ok.name, 9)], within=10.0) == [
+                None, None,
+            ]
+            assert await drain(bound) == ["ev-8"] and await drain(ok) == ["ev-9"]
     finally:
         await publisher.close()
-        await connection.close()
 
 
 async def test_a_relay_sigkilled_with_chunks_in_flight_loses_nothing_and_marked_only_what_it_published(
@@ -126,14 +130,11 @@ async def test_a_relay_sigkilled_with_chunks_in_flight_loses_nothing_and_marked_
     row, so a mark without A's own confirmed publish would be an event lost), per-key order holds."""
     async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
         table = sql.Identifier(schema, "outbox").as_string(None)
-        events = [
-            Event(unique_name, "thing.happened", partition_key=f"k{k}", payload={"key": f"k{k}", "seq": s})
-            for s in range(40) for k in range(6)
-        ] + [Event(unique_name, "thing.loose", payload={"n": n}) for n in range(240)]
+        events = keyed_events(0, keys=6, per_key=40, destination=unique_name) + loose_events(unique_name, 240)
         async with await connect(database_url) as conn:
             ids = []
-            for start in range(0, len(events), 60):
-                ids += await write_events(conn, schema, events[start : start + 60])
+            for chunk in chunks(events, 60):  # one transaction each
+                ids += await write_events(conn, schema, chunk)
         relay_a = await start_relay_process(
             database_url, schema, rabbitmq_url, "--relay-id", "A", "--batch-size", "60",
             "--max-in-flight", "20", "--claim-timeout", "3", "--poll-interval", "0.5",
@@ -175,21 +176,19 @@ async def test_two_messages_of_a_batch_with_one_message_id_each_get_their_own_ou
     """A ``basic.return`` finds its publish by message id (aiormq): with two publishes of one id in
     flight on the channel, the return of the first resolved the second's confirmation, and the
     first, returned, counted as confirmed on its ack (a message lost, reported published)."""
-    connection = await aio_pika.connect(rabbitmq_url)
     publisher = RabbitMQPublisher(rabbitmq_url)
     try:
-        channel = await connection.channel()
-        ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
-        returned = message("", f"{unique_name}.missing", 1)
-        arrives = message("", ok.name, 1)  # the same message id, to a queue that exists
-        outcomes = await publisher.publish_batch([returned, arrives, message("", ok.name, 2)], within=10.0)
-        first = outcomes[0]
-        assert isinstance(first, PublishError) and not first.transient, outcomes
-        assert outcomes[1:] == [None, None], outcomes
-        assert sorted(await drain(ok)) == ["ev-1", "ev-2"]
+        async with raw_channel(rabbitmq_url) as channel:
+            ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
+            returned = message("", f"{unique_name}.missing", 1)
+            arrives = message("", ok.name, 1)  # the same message id, to a queue that exists
+            outcomes = await publisher.publish_batch([returned, arrives, message("", ok.name, 2)], within=10.0)
+            first = outcomes[0]
+            assert isinstance(first, PublishError) and not first.transient, outcomes
+            assert outcomes[1:] == [None, None], outcomes
+            assert sorted(await drain(ok)) == ["ev-1", "ev-2"]
     finally:
         await publisher.close()
-        await connection.close()
 
 
 async def test_nacks_in_the_middle_of_relay_chunks_keep_rows_pending_and_per_key_order(
@@ -202,27 +201,21 @@ async def test_nacks_in_the_middle_of_relay_chunks_keep_rows_pending_and_per_key
     predecessor is confirmed)."""
     async with throwaway_schema(database_url) as schema, Recorder(rabbitmq_url, unique_name) as rec:
         table = sql.Identifier(schema, "outbox").as_string(None)
-        connection = await aio_pika.connect(rabbitmq_url)
-        try:
-            channel = await connection.channel()
+        async with raw_channel(rabbitmq_url) as channel:
             exchange = await channel.declare_exchange(unique_name, aio_pika.ExchangeType.TOPIC, durable=True)
             small = await channel.declare_queue(
                 f"{unique_name}.small", auto_delete=True,
                 arguments={"x-max-length": 10, "x-overflow": "reject-publish"},
             )
             await small.bind(exchange, "#")
-            events = [
-                Event(unique_name, "thing.happened", partition_key=f"k{k}", payload={"key": f"k{k}", "seq": s})
-                for s in range(5) for k in range(6)
-            ] + [Event(unique_name, "thing.loose", payload={"n": n}) for n in range(30)]
+            events = keyed_events(0, keys=6, per_key=5, destination=unique_name) + loose_events(unique_name, 30)
             async with await connect(database_url) as conn:
                 ids = await write_events(conn, schema, events)
             relay = Relay(relay_settings(database_url, schema, rabbitmq_url, relay_id="R", relay_max_in_flight=20))
             relay_task = asyncio.create_task(relay.run())
             try:
                 async def small_is_full() -> bool:
-                    declared = await channel.declare_queue(small.name, passive=True)
-                    return (declared.declaration_result.message_count or 0) == 10
+                    return (await queue_state(rabbitmq_url, small.name))[0] == 10
 
                 await wait_until(small_is_full, 30, "the small queue to fill up")
                 pending = await rows(database_url, f"SELECT count(*) FROM {table} WHERE published_at IS NULL")
@@ -251,8 +244,6 @@ async def test_nacks_in_the_middle_of_relay_chunks_keep_rows_pending_and_per_key
             finally:
                 relay.request_stop()
                 await asyncio.wait_for(relay_task, 15)
-        finally:
-            await connection.close()
         assert_key_order(got)
         assert_key_order(rec.received)
         # a nacked publish was still routed to the recorder's queue: republished rows came twice there
