@@ -163,11 +163,12 @@ async def test_a_diagnostic_id_alone_carries_the_trace_context(sb: SBEnv) -> Non
 async def test_settling_after_the_connection_dropped_neither_loses_nor_acks_twice(
     sb: SBEnv, sessions: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 24: the connection drops while the handler runs. Service Bus cannot carry a lock over
-    to another connection ("Message transfers, locks, and settlement"), so the ack of the first
-    delivery fails (the error is logged: see the report) and the message comes back: on a queue
-    when its lock lapses (counted: a suspect), on a session entity at once (uncounted, a suspect by
-    the hold mark). The second delivery is acked; the message is completed exactly once."""
+    """Issue 24: the connection drops while the handler runs and, on a queue, the message's lock
+    lapses before the worker is back (the broker's clock is moved past it). A session's lock dies
+    with its link. So the ack of the first delivery fails (the error is logged: see the report) and
+    the message comes back: on a queue counted (a suspect), on a session entity at once (uncounted,
+    a suspect by the hold mark). The second delivery is acked; the message is completed exactly
+    once. With the lock still held, a queue's delivery is acked after all (the next test)."""
     queue = sb.create_queue(lock_duration=LOCK, requires_session=sessions)
     await sb.send(ServiceBusMessage(b"x", message_id="m", session_id="s1" if sessions else None))
     dropped = asyncio.Event()
@@ -196,3 +197,33 @@ async def test_settling_after_the_connection_dropped_neither_loses_nor_acks_twic
     failures = [r.getMessage() for r in caplog.records if "settlement ack failed" in r.getMessage()]
     assert len(failures) == 1, failures
     print("SDK raised:", failures[0])
+
+
+async def test_a_queue_delivery_whose_connection_dropped_is_acked_by_lock_token_on_a_new_receiver(
+    sb: SBEnv,
+) -> None:
+    """The connection drops while the handler runs, and the pump (its one slot taken) does not
+    notice. The ack fails on the dead link; the delivery asks the pump for a new receiver and
+    completes the message over ``$management`` by lock token, which Service Bus accepts from any
+    receiver of an entity without sessions while the lock holds (azure-sdk-for-go 1.10.0,
+    azure-sdk-for-js #8406; ``ServiceBusDelivery.off_its_link``). Completed once, never
+    redelivered, no lock lost."""
+    queue = sb.create_queue(lock_duration=LOCK * 6)
+    await sb.send(ServiceBusMessage(b"x", message_id="m"))
+    dropped = asyncio.Event()
+
+    async def settle(delivery: ServiceBusDelivery) -> None:
+        await dropped.wait()
+        await delivery.ack()
+
+    consumer = sb.consumer()
+    received = Received(settle)
+    await consumer.subscribe(sb.queue, received, prefetch=1)
+    first = await received.next()
+    sb.server.drop_connections()
+    dropped.set()
+    await eventually(lambda: first.settlement is not None or first.lost, within=3 * LOCK, what="the ack")
+    await eventually(lambda: queue.messages == [], within=LOCK, what="the completion")
+    assert not first.lost and len(received.deliveries) == 1
+    assert consumer.counters["reconnects"] == 1 and consumer.counters["locks_lost"] == 0
+    assert queue.dead_letters == []

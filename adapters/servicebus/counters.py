@@ -18,7 +18,7 @@ NAMES = (
     "settlements_lost",  # settlements that failed or overran: the broker redelivers the message
     "renewals",          # lock renewals that worked (messages and sessions)
     "reconnects",        # receivers re-created after a failure
-    "throttled",         # receives and settlements Service Bus answered "server busy", waited out
+    "throttled",         # receives, settlements, renewals Service Bus answered "server busy", waited out
     "sessions",          # sessions accepted
 )
 

@@ -51,12 +51,14 @@ comes back as a suspect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from azure.servicebus import ServiceBusReceivedMessage
+from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import MessageAlreadySettled, MessageSizeExceededError
 
 from consumer_kit import headers as own_headers
@@ -78,9 +80,15 @@ from .limits import TooLarge
 from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
 from .route import Route
-from .throttling import while_throttled
+from .throttling import is_throttled, while_throttled
 
 logger = logging.getLogger(__name__)
+
+_NOT_A_DEAD_LINK = (MessageAlreadySettled, MessageSizeExceededError)
+"""Errors of a settlement that another receiver would meet just the same."""
+
+Settle = Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], Awaitable[None]]
+"""One SDK settlement of a message through a receiver (complete, abandon, dead-letter)."""
 
 
 EXPIRES_BEFORE_RETRY = "expires_before_retry"
@@ -156,6 +164,7 @@ class ServiceBusDelivery(Delivery):
         self._route = route
         self._broker_count = broker_count
         self._lock_lost = False
+        self._by_lock_token = False  # settled over $management (off_its_link), one request at a time
         self._end_hold = asyncio.Event()
         self._hold: asyncio.Task[None] | None = None
         self._on_released: list[Callable[[ServiceBusDelivery], None]] = []
@@ -192,17 +201,24 @@ class ServiceBusDelivery(Delivery):
             return Renewal.LOST
         if self._route.session is not None:
             return await self._route.session.renew()
-        try:
-            async with asyncio.timeout(self.settle_timeout), self._route.management:
+
+        async def renew(route: Route) -> None:
+            async with route.management:
                 sent = time.monotonic()
-                until = await self._route.receiver.renew_message_lock(self._message)
+                until = await route.receiver.renew_message_lock(self._message)
                 self._expiry.renewed(until, sent=sent, answered=time.monotonic())
                 self._align_sdk()
+
+        try:
+            async with asyncio.timeout(self.settle_timeout):
+                await self._on_a_live_receiver(renew)
         except LOCK_LOST:
             if not self.released.is_set():  # settled while the renewal was on its way: not a loss
                 self._lost_lock()
             return Renewal.LOST
         except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
+            if is_throttled(exc):
+                self._route.counters.add("throttled")  # the keeper's next try is the backoff
             logger.info(
                 "renewing the lock of queue=%s message_id=%s failed (%s)",
                 self.queue, self.message_id, describe(exc),
@@ -233,6 +249,26 @@ class ServiceBusDelivery(Delivery):
         for callback in callbacks:
             callback(self)
 
+    def off_its_link(self, route: Route | None = None) -> None:
+        """The receive link that delivered this message is gone (a throttled or failed receive):
+        settle it from now on over ``$management`` by its lock token, through ``route``'s receiver
+        once the pump has a new one (renewals already go that way).
+
+        A disposition on a new link would name a delivery id of that link, not this message. By
+        lock token, Service Bus settles and renews a message of an entity without sessions from any
+        receiver of the entity until its lock expires (azure-sdk-for-go 1.10.0, "settle and renew
+        message locks with only a lock token, so long as they are not using Service Bus sessions";
+        azure-sdk-for-js #8406, "settle previously received messages when a receiver recovers from
+        a broken link or connection"). Only for deliveries of session-less entities: a session's
+        messages are covered by its session lock, which dies with the link.
+        """
+        # The SDK's own switch to its management settlement (``com.microsoft:update-disposition``),
+        # the path it takes for deferred messages (azure-servicebus 7.15 ``_settle_message``).
+        self._message._is_deferred_message = True
+        self._by_lock_token = True
+        if route is not None:
+            self._route = route
+
     def abandon_to_expiry(self) -> None:
         """The worker handed the delivery back unsettled (a simulated crash): stop renewing, so the
         lock lapses and Service Bus redelivers it as a suspect, as after a real crash."""
@@ -248,7 +284,7 @@ class ServiceBusDelivery(Delivery):
     # -- settlement hooks ---------------------------------------------------------------------------
 
     async def _ack(self) -> None:
-        await self._sdk(self._route.receiver.complete_message)
+        await self._sdk(lambda receiver, message: receiver.complete_message(message))
         self._mark_released()
 
     def ttl_left(self, after: float = 0.0) -> float | None:
@@ -298,11 +334,10 @@ class ServiceBusDelivery(Delivery):
         size_room = await self._room_for_dead_letter()
         room = header_room if size_room is None else min(header_room, size_room)
         reason, description = fit_dead_letter(reason, detail, room, header_room=header_room)
-        receiver = self._route.receiver
 
-        def dead_letter(text: str) -> Callable[[ServiceBusReceivedMessage], Awaitable[None]]:
+        def dead_letter(text: str) -> Settle:
             # No description at all rather than an empty one: the property itself takes room.
-            return lambda message: receiver.dead_letter_message(
+            return lambda receiver, message: receiver.dead_letter_message(
                 message, reason=reason, error_description=text or None
             )
 
@@ -343,7 +378,7 @@ class ServiceBusDelivery(Delivery):
         self._route.counters.add("settlements_lost")
         try:
             if not self.lock_lost:
-                await self._route.receiver.abandon_message(self._message)
+                await self._sdk(lambda receiver, message: receiver.abandon_message(message))
         finally:
             self._mark_released()
 
@@ -361,7 +396,7 @@ class ServiceBusDelivery(Delivery):
         give_backs = self._route.give_backs
         give_backs.record(self.queue, self.sequence_number, self._broker_count, suspect=self.redelivered)
         try:
-            await self._sdk(self._route.receiver.abandon_message)
+            await self._sdk(lambda receiver, message: receiver.abandon_message(message))
         except (*LOCK_LOST, LockAlreadyLost, MessageAlreadySettled):
             give_backs.forget(self.queue, self.sequence_number)
             raise
@@ -398,7 +433,7 @@ class ServiceBusDelivery(Delivery):
             )
             await self._give_back()
             return
-        await self._sdk(self._route.receiver.complete_message)
+        await self._sdk(lambda receiver, message: receiver.complete_message(message))
         self._route.counters.add(f"{why}_copies")
         self._mark_released()
 
@@ -421,22 +456,52 @@ class ServiceBusDelivery(Delivery):
         finally:
             self._mark_released()
 
-    async def _sdk(self, settle: Callable[[ServiceBusReceivedMessage], Awaitable[None]]) -> None:
+    async def _sdk(self, settle: Settle) -> None:
         """Run one SDK settlement on the message, unless its lock is known lost; a lock reported
         lost now is remembered (never settled as done afterwards) and counted. A throttled one
         (``ServiceBusServerBusyError``) is made again after a backoff, within ``settle_timeout``."""
         if self.lock_lost:
             raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
-        try:
+
+        async def settle_through(route: Route) -> None:
             # Throttled: made again after a backoff, on the same receiver and lock (throttling.py).
-            await while_throttled(
-                lambda: settle(self._message),
-                what=f"a settlement of queue={self.queue} message_id={self.message_id}",
-                counters=self._route.counters,
-            )
+            async with route.management if self._by_lock_token else contextlib.nullcontext():
+                await while_throttled(
+                    lambda: settle(route.receiver, self._message),
+                    what=f"a settlement of queue={self.queue} message_id={self.message_id}",
+                    counters=route.counters,
+                )
+
+        try:
+            await self._on_a_live_receiver(settle_through)
         except LOCK_LOST:
             self._lost_lock()
             raise
+
+    async def _on_a_live_receiver(self, call: Callable[[Route], Awaitable[None]]) -> None:
+        """``call(route)`` through the receiver this delivery came from. When that fails as a dead
+        link or connection does (anything but a lost lock, a throttle outlasting the bound, or a
+        refusal of the request itself), the pump is asked for a receiver that works
+        (``Route.replace``: the one it has opened since, else a new one; it may be idle with every
+        slot taken and not have noticed) and ``call`` runs once more there, by lock token
+        (:meth:`off_its_link`). Session messages are never moved (their lock dies with the link)."""
+        route = self._route
+        try:
+            await call(route)
+        except (*LOCK_LOST, *_NOT_A_DEAD_LINK):
+            raise
+        except Exception as exc:
+            if route.replace is None or route.session is not None or is_throttled(exc):
+                raise
+            replacement = await route.replace(route)
+            if replacement is None:
+                raise
+            logger.info(
+                "queue=%s message_id=%s: its receiver failed (%s), settling it by lock token on a new one",
+                self.queue, self.message_id, describe(exc),
+            )
+            self.off_its_link(replacement)
+            await call(replacement)
 
     def _lost_lock(self) -> None:
         session = self._route.session

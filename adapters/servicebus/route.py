@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
@@ -16,6 +17,7 @@ from .errors import LOCK_LOST, describe
 from .lock_clock import LockDurations, LockExpiry, align_sdk
 from .redelivery import GiveBacks
 from .renewal import Renewal
+from .throttling import is_throttled
 from .topology import Entity
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ class SessionLock:
             self.mark_lost()
             return Renewal.LOST
         except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
+            if is_throttled(exc):
+                self._counters.add("throttled")  # the keeper's next try is the backoff
             logger.info("renewing session %s failed (%s)", self.session_id, describe(exc))
             return Renewal.FAILED
         self._counters.add("renewals")
@@ -108,6 +112,10 @@ class Route:
             the SDK sends concurrent requests on one link with out-of-order delivery ids, which an
             AMQP peer must refuse by closing the connection (seen as ``amqp:session:invalid-field,
             sequencing error`` against the local test server), so they go one at a time.
+        replace: called with this route when a settlement or renewal through its receiver failed
+            as a dead link or connection does; returns a route through a receiver that works (the
+            pump's current one, or a new one), ``None`` when the pump is closing. ``None`` (sessions,
+            the dead-letter tool): nothing to move to.
     """
 
     entity: Entity
@@ -118,3 +126,4 @@ class Route:
     session: SessionLock | None = None
     durations: LockDurations = field(default_factory=LockDurations)
     management: asyncio.Lock = field(default_factory=asyncio.Lock)
+    replace: Callable[[Route], Awaitable[Route | None]] | None = None

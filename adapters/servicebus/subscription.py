@@ -9,9 +9,13 @@ Each receive runs under the pump's receive lock and waits at most ``receive_wait
 first message; :meth:`EntityPump.quiesce` takes that lock, so once it returns no receive is in
 progress and none starts while deliveries are not wanted (pause, shutdown). A receive that fails
 (connection lost, link detached, entity gone) drops the receiver and re-creates it with
-exponential backoff (tenacity, 0.1 s doubling to 5 s) until it works; deliveries handed out on the
-old receiver cannot be settled anymore and come back from the broker when their locks lapse. A
-throttled receive (``ServiceBusServerBusyError``) first waits the throttle backoff
+exponential backoff (tenacity, 0.1 s doubling to 5 s) until it works. Deliveries in hand when the
+link failed are not stranded: from that moment they settle over ``$management`` by lock token, on
+the old receiver while it still answers and on the new one once it is open, and the lock keeper
+renews them the same way (:meth:`ServiceBusDelivery.off_its_link`). A settlement or renewal that
+fails on a dead receiver the loop has not noticed (every slot taken, so it is not receiving) asks
+for the replacement itself (``Route.replace``). A throttled receive
+(``ServiceBusServerBusyError``) first waits the throttle backoff
 (:mod:`~consumer_kit.adapters.servicebus.throttling`), counted ``throttled``: with SDK 7.15 it
 arrives only as the link's detach, so the receiver is re-created all the same.
 """
@@ -98,6 +102,7 @@ class EntityPump:
         self._in_hand: set[ServiceBusDelivery] = set()
         self._slot_freed = asyncio.Event()
         self._receiving = asyncio.Lock()
+        self._reconnecting = asyncio.Lock()  # one receiver replaced at a time (_recover)
         # Set by close(): the loop's unbounded waits also end on it, so the pump stops even if the
         # cancellation that follows is lost inside the SDK (see wait_either).
         self._stopping = asyncio.Event()
@@ -128,11 +133,16 @@ class EntityPump:
         except BaseException:
             await close_quietly(receiver, self._context.settle_timeout, f"the receiver of {self.entity.path}")
             raise
+        if self._stopping.is_set():  # a settlement asked for it while the pump was closing
+            await close_quietly(receiver, self._context.settle_timeout, f"the receiver of {self.entity.path}")
+            raise ConnectionError(f"the pump of {self.entity.path} is closing")
         self._receiver = receiver
         self._route = Route(
             self.entity, receiver, self._context.give_backs, self._context.counters, copies=self._copies,
-            durations=self._context.durations,
+            durations=self._context.durations, replace=self._replacement_for,
         )
+        for delivery in self._in_hand:  # each came through an earlier receiver
+            delivery.off_its_link(self._route)
         self.healthy = True
 
     def start(self) -> None:
@@ -165,6 +175,7 @@ class EntityPump:
             async with self._receiving:
                 if not self._context.running.is_set() or self._stopping.is_set():
                     continue
+                route = self._route
                 try:
                     requested = time.monotonic()  # no lock handed out now can have started earlier
                     messages = await self._receive(self._prefetch - len(self._in_hand))
@@ -179,7 +190,7 @@ class EntityPump:
                     self._context.counters.add("throttled")
                     if not await self._back_off_throttled(failure):
                         return
-                await self._reconnect(failure)
+                await self._recover(route, failure)
                 continue
             self._throttled_in_a_row = 0
             for message in messages:
@@ -233,18 +244,37 @@ class EntityPump:
 
     # -- recovery -----------------------------------------------------------------------------
 
+    async def _recover(self, failed: Route | None, failure: Exception) -> None:
+        """Replace the receiver behind ``failed`` (``None``: none was open), unless that was done
+        already: the loop and settlements may both find the same receiver dead."""
+        async with self._reconnecting:
+            if self._route is None or self._route is failed:
+                await self._reconnect(failure)
+
+    async def _replacement_for(self, failed: Route) -> Route | None:
+        """``Route.replace``: a route through a receiver that works, ``None`` when closing."""
+        await self._recover(failed, ConnectionError(f"a settlement through the receiver of {self.entity.path} failed"))
+        return None if self._stopping.is_set() else self._route
+
     async def _reconnect(self, failure: Exception) -> None:
-        """Drop the receiver and open a new one, backing off, until it works."""
+        """Open a new receiver, backing off, until it works (:meth:`open` moves the deliveries in
+        hand onto it), then close the old one: until then its management link may settle them."""
         self.healthy = False
         logger.warning("receiving from %s failed (%s): re-creating the receiver", self.entity.path, describe(failure))
-        await self._drop_receiver()
-        async for attempt in AsyncRetrying(
-            wait=BACKOFF, before_sleep=log_attempt(f"re-creating the receiver of {self.entity.path}")
-        ):
-            with attempt:
-                if self._stopping.is_set():
-                    return
-                await self.open()
+        old = self._receiver
+        for delivery in self._in_hand:
+            delivery.off_its_link()
+        try:
+            async for attempt in AsyncRetrying(
+                wait=BACKOFF, before_sleep=log_attempt(f"re-creating the receiver of {self.entity.path}")
+            ):
+                with attempt:
+                    if self._stopping.is_set():
+                        return
+                    await self.open()
+        finally:
+            if old is not self._receiver:
+                await close_quietly(old, self._context.settle_timeout, f"the old receiver of {self.entity.path}")
         self._context.counters.add("reconnects")
         logger.info("receiver of %s re-created", self.entity.path)
 
