@@ -205,7 +205,10 @@ class Delivery(abc.ABC):
         settled, in delivery order) one broker call can ack together, and the rest, acked one by
         one. Each :class:`AckGroup` names its members and the call; the call may only be made when
         nothing but the members is settled by it (RabbitMQ: a multiple ``basic.ack`` covers every
-        lower unacked tag of its channel). Default: no groups, every delivery on its own."""
+        lower unacked tag of its channel). A group's members are acked without their own
+        ``ack`` (no ``_settle`` hook runs): an adapter whose deliveries do work there (e.g.
+        :class:`~consumer_kit.pull_consumer.PulledDelivery` freeing a slot) must do it in the
+        group's call. Default: no groups, every delivery on its own."""
         return [], deliveries
 
     async def _abandon(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
@@ -235,6 +238,11 @@ async def ack_all(deliveries: Sequence[Delivery]) -> None:
     calls: list[Awaitable[None]] = []
     for kind, members in fresh.items():
         groups, alone = kind._ack_groups(members)
+        for group in groups:
+            for delivery in group.members:
+                # Settled now, before any await: a retry or release in between would be covered
+                # by the group's one call all the same (a multiple ack acks every member).
+                delivery.settlement = Settlement.ACK
         calls += [_ack_group(group) for group in groups]
         calls += [delivery.ack() for delivery in alone]
     if len(calls) == 1:
@@ -244,8 +252,7 @@ async def ack_all(deliveries: Sequence[Delivery]) -> None:
 
 
 async def _ack_group(group: AckGroup) -> None:
-    for delivery in group.members:
-        delivery.settlement = Settlement.ACK
+    """Make ``group``'s call (its members are marked acked already, by :func:`ack_all`)."""
     try:
         async with asyncio.timeout(min(d.settle_timeout for d in group.members)):
             await group.call()

@@ -114,10 +114,18 @@ class Publisher(abc.ABC):
         each message with :meth:`publish`, all concurrently; RabbitMQ sends the batch's frames
         in one write and awaits its confirms once.
         """
-        tasks = [asyncio.ensure_future(self.publish(m)) for m in messages]
-        if not tasks:
+        if not messages:
             return []
-        _, pending = await asyncio.wait(tasks, timeout=max(within, 0.0))
+        if within <= 0:  # never sent once the time is up (it could arrive and count as failed)
+            return [PublishTimeout(f"not sent within {within:.1f} s") for _ in messages]
+        tasks = [asyncio.ensure_future(self.publish(m)) for m in messages]
+        try:
+            _, pending = await asyncio.wait(tasks, timeout=within)
+        except BaseException:  # the caller is cancelled: no publish outlives it
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         for task in pending:
             task.cancel()
         if pending:

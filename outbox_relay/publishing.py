@@ -66,7 +66,14 @@ class RowPublisher:
         end = time.monotonic() + max(deadline, 0.0)
         for start in range(0, len(rows), self.max_in_flight):
             chunk = rows[start : start + self.max_in_flight]
-            await self._publish_chunk(chunk, end - time.monotonic(), confirmed, failures)
+            within = end - time.monotonic()
+            if within <= 0:
+                # Never sent once the time is up: a chunk sent now could reach the broker and still
+                # count as a failure, published again later (a duplicate, an attempt spent).
+                self.counters.add("deadline_exceeded", len(chunk))
+                failures.extend(Failure(row.id, "not sent before the claim lease ran low", transient=True) for row in chunk)
+                continue
+            await self._publish_chunk(chunk, within, confirmed, failures)
         return confirmed, failures
 
     async def _publish_chunk(

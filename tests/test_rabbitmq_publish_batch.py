@@ -4,11 +4,15 @@ a return or a refusal before sending fails only its own."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from urllib.parse import urlsplit, urlunsplit
+
 import aio_pika
 import pytest
 
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
-from consumer_kit.publishing import OutgoingMessage, PublishError
+from consumer_kit.publishing import OutgoingMessage, PublishError, PublishTimeout
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -58,6 +62,67 @@ async def test_each_message_of_a_batch_gets_its_own_outcome(rabbitmq_url: str, u
 
         # the publishing channel is still good for the next batch
         assert await publisher.publish_batch([to_queue(ok.name, 6)], within=10.0) == [None]
+    finally:
+        await publisher.close()
+        await connection.close()
+
+
+async def test_a_batch_never_written_gives_its_delivery_tags_back(rabbitmq_url: str, unique_name: str) -> None:
+    """A batch whose frames cannot even enter the connection's write queue in time (aiormq's is
+    bounded: a blocked socket fills it) is never seen by the broker, so its delivery tags are given
+    back (adapters/rabbitmq/confirms.py). Kept, they would shift every later confirm onto the
+    message before it: a nacked message reported confirmed, its outbox row marked published.
+    The socket is blocked for real: a TCP proxy that stops reading."""
+    proxy = TcpProxy("127.0.0.1", urlsplit(rabbitmq_url).port or 5672)
+    port = await proxy.start()
+    via_proxy = urlunsplit(urlsplit(rabbitmq_url)._replace(netloc=f"guest:guest@127.0.0.1:{port}"))
+    connection = await aio_pika.connect(rabbitmq_url)
+    publisher = RabbitMQPublisher(via_proxy, confirm_timeout=60.0)
+    try:
+        channel = await connection.channel()
+        ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
+        full = await channel.declare_queue(  # the broker nacks every publish to it
+            f"{unique_name}.full", auto_delete=True, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+        )
+        assert await publisher.publish_batch([to_queue(ok.name, 0)], within=10.0) == [None]
+        proxy.pause()
+        big = b"x" * (4 * 1024 * 1024)
+        for n in range(16):  # more than the socket's buffers and the write queue's 10 frames hold
+            message = replace(to_queue(full.name, 100 + n), body=big)
+            [outcome] = await publisher.publish_batch([message], within=0.2)
+            assert isinstance(outcome, PublishError)
+        proxy.resume()
+        probe = [to_queue(full.name, 1), to_queue(ok.name, 2), to_queue(ok.name, 3)]
+        outcomes = await publisher.publish_batch(probe, within=30.0)
+        assert [o is None for o in outcomes] == [False, True, True], outcomes
+        assert "nacked" in str(outcomes[0])
+        got = []
+        while (message := await ok.get(no_ack=True, fail=False)) is not None:
+            got.append(message.message_id)
+        assert got == ["m-0", "m-2", "m-3"]
+    finally:
+        await publisher.close()
+        await connection.close()
+        await proxy.close()
+
+
+async def test_a_batch_with_no_time_left_is_not_sent(rabbitmq_url: str, unique_name: str) -> None:
+    """asyncio's timeout fires only at a suspension, and queueing the frames need not suspend: a
+    batch called past its bound must not be sent (it would reach the queue yet be reported unsent,
+    and the relay would publish it again)."""
+    connection = await aio_pika.connect(rabbitmq_url)
+    publisher = RabbitMQPublisher(rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
+        assert await publisher.publish_batch([to_queue(ok.name, 0)], within=10.0) == [None]  # connected, declared
+        outcomes = await publisher.publish_batch([to_queue(ok.name, 1), to_queue(ok.name, 2)], within=0.0)
+        assert all(isinstance(o, PublishTimeout) and "not sent" in str(o) for o in outcomes), outcomes
+        assert await publisher.publish_batch([to_queue(ok.name, 3)], within=10.0) == [None]
+        got = []
+        while (message := await ok.get(no_ack=True, fail=False)) is not None:
+            got.append(message.message_id)
+        assert got == ["m-0", "m-3"]
     finally:
         await publisher.close()
         await connection.close()

@@ -44,6 +44,8 @@ async def send(channel: aiormq.Channel, messages: Sequence[Publish]) -> list[asy
     Raises:
         ValueError: a routing key over 255 bytes (nothing is sent).
         aiormq.exceptions.ChannelInvalidStateError: the channel is closed (nothing is sent).
+        TimeoutError, asyncio.CancelledError: while waiting for room in the connection's write
+            queue; nothing is sent and the delivery tags are given back.
     """
     for _, routing_key, _, _ in messages:
         if len(routing_key) > 255:
@@ -53,31 +55,61 @@ async def send(channel: aiormq.Channel, messages: Sequence[Publish]) -> list[asy
     async with channel.lock:  # delivery tags in wire order, as basic_publish keeps them
         if channel.is_closed:
             raise aiormq.exceptions.ChannelInvalidStateError("the publishing channel is closed")
-        for exchange, routing_key, properties, body in messages:
-            channel.delivery_tag += 1
-            tag = channel.delivery_tag
-            confirmation = channel.create_future()
-            channel.confirmations[tag] = confirmation
-            message_id = properties.message_id or ""  # the relay always sets it (the event id)
-            channel.message_id_delivery_tag[message_id] = tag  # how a Basic.Return finds its future
-            confirmation.add_done_callback(partial(_forget, channel, message_id, tag))
-            encoded = frames.encode(
-                channel.number, exchange, routing_key, properties, body, channel.max_content_size
-            )
-            if encoded is None:  # outside the direct encoder's shape: pamqp's generic one
-                publish = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
-                header = ContentHeader(properties=properties, body_size=len(body))
-                parts: list[Any] = [publish, header, *_body_frames(body, channel.max_content_size)]
-                encoded = b"".join(pamqp.frame.marshal(f, channel.number) for f in parts)
-            payload.append(encoded)
-            futures.append(confirmation)
+        registered: list[tuple[int, str]] = []
         written = channel.create_future()
-        # the queue is unbounded: put() never waits, so the lock is held for no I/O
-        await channel.write_queue.put(
-            ChannelFrame(payload=b"".join(payload), should_close=False, drain_future=written)
-        )
+        sent = False
+        try:
+            for exchange, routing_key, properties, body in messages:
+                channel.delivery_tag += 1
+                tag = channel.delivery_tag
+                confirmation = channel.create_future()
+                channel.confirmations[tag] = confirmation
+                message_id = properties.message_id or ""  # the relay always sets it (the event id)
+                channel.message_id_delivery_tag[message_id] = tag  # how a Basic.Return finds its future
+                registered.append((tag, message_id))
+                futures.append(confirmation)
+                payload.append(_encoded(channel, exchange, routing_key, properties, body))
+            # The connection's write queue is bounded (aiormq: FRAME_BUFFER_SIZE frames), so put()
+            # can wait, e.g. while a blocked connection stops draining it.
+            await channel.write_queue.put(
+                ChannelFrame(payload=b"".join(payload), should_close=False, drain_future=written)
+            )
+            sent = True
+        finally:
+            if not sent:  # failed, timed out or cancelled before the broker saw any of them
+                _unregister(channel, registered, futures)
+                written.cancel()
+        for (tag, message_id), confirmation in zip(registered, futures, strict=True):
+            confirmation.add_done_callback(partial(_forget, channel, message_id, tag))
     await written
     return futures
+
+
+def _encoded(
+    channel: aiormq.Channel, exchange: str, routing_key: str, properties: Basic.Properties, body: bytes
+) -> bytes:
+    encoded = frames.encode(channel.number, exchange, routing_key, properties, body, channel.max_content_size)
+    if encoded is None:  # outside the direct encoder's shape: pamqp's generic one
+        publish = Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True)
+        header = ContentHeader(properties=properties, body_size=len(body))
+        parts: list[Any] = [publish, header, *_body_frames(body, channel.max_content_size)]
+        encoded = b"".join(pamqp.frame.marshal(f, channel.number) for f in parts)
+    return encoded
+
+
+def _unregister(
+    channel: aiormq.Channel, registered: list[tuple[int, str]], futures: list[asyncio.Future[Any]]
+) -> None:
+    """Give back the delivery tags of publishes never written (under the channel lock), as
+    ``basic_publish`` does: the broker numbers only what it receives, so a tag kept would match
+    every later confirm to the message before it, a nack to a message that was confirmed."""
+    channel.delivery_tag -= len(registered)
+    for tag, message_id in registered:
+        channel.confirmations.pop(tag, None)
+        if channel.message_id_delivery_tag.get(message_id) == tag:
+            del channel.message_id_delivery_tag[message_id]
+    for future in futures:
+        future.cancel()
 
 
 def _body_frames(body: bytes, max_content_size: int) -> list[ContentBody]:

@@ -139,10 +139,12 @@ class RabbitMQPublisher(Publisher):
     ) -> list[BaseException | None]:
         """Publish ``messages`` with one socket write and one wait for all their confirms (at
         most ``within`` seconds, and at most ``confirm_timeout``); one outcome per message, in
-        order: ``None`` confirmed, else the :class:`PublishError` :meth:`publish` would raise
-        (:class:`PublishTimeout` when unconfirmed in time). Messages to a destination published
-        alone (module docstring), and a message repeating an earlier one's ``message_id``, go one
-        by one after the others."""
+        order: ``None`` confirmed, else the :class:`PublishError` :meth:`publish` would raise.
+        Unconfirmed when ``within`` ran out: :class:`PublishTimeout` (nothing is sent once it has);
+        when ``confirm_timeout`` did: a transient :class:`PublishError`, and the connection is
+        reset (the broker stopped answering). Messages to a destination published alone (module
+        docstring), and a message repeating an earlier one's ``message_id``, go one by one after
+        the others."""
         loop = asyncio.get_running_loop()
         wait = min(max(within, 0.0), self._confirm_timeout)
         deadline, caller_deadline = loop.time() + wait, loop.time() + max(within, 0.0)
@@ -182,6 +184,10 @@ class RabbitMQPublisher(Publisher):
                             del sends[i]
                 shared = list(sends)
                 if shared:
+                    if loop.time() >= deadline:
+                        # asyncio's timeout fires only at a suspension, and queueing the frames
+                        # need not suspend: past the bound they would be sent yet reported unsent.
+                        raise TimeoutError
                     futures = await confirms.send(cast(aiormq.Channel, underlay), list(sends.values()))
         except TimeoutError as exc:
             if wait >= self._confirm_timeout:  # the broker stopped answering: start afresh
@@ -204,6 +210,9 @@ class RabbitMQPublisher(Publisher):
             for i, future in zip(shared, futures, strict=True):
                 outcomes[i] = self._settled(messages[i], future, wait)
         for i in alone:
+            if loop.time() >= caller_deadline:  # never sent past the bound (see above)
+                outcomes[i] = PublishTimeout(f"message_id={messages[i].message_id} not sent within {within:.1f} s")
+                continue
             try:
                 async with asyncio.timeout_at(caller_deadline):
                     await self.publish(messages[i])
