@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from .connection import close_quietly
+from .errors import describe, is_refusal
 from .limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
 from .throttling import while_throttled
 from .topology import sender_for
+
+logger = logging.getLogger(__name__)
 
 
 class Copies:
@@ -40,10 +44,21 @@ class Copies:
         Raises:
             consumer_kit.adapters.servicebus.limits.TooLarge: the copy does not fit the queue's limits (not sent).
             azure.servicebus.exceptions.ServiceBusError: the broker refused it or the link failed
-                (the sender is re-opened on the next call).
+                (a sender opened before this call is first re-opened and the copy sent once more
+                through it: its connection may have died since; a new one is re-opened on the
+                next call).
         """
         async with self._one_at_a_time:
-            await self._put(copy, when=when, body_size=body_size, what=what)
+            opened_before = self._sender is not None
+            try:
+                await self._put(copy, when=when, body_size=body_size, what=what)
+            except Exception as exc:
+                if not opened_before or isinstance(exc, TooLarge) or is_refusal(exc):
+                    raise
+                # A sender opened before may have died since with its connection (a drop the
+                # receiver recovers from): sent once more through a new one (at least once).
+                logger.info("the copy sender of %s failed (%s): sending through a new one", self.queue, describe(exc))
+                await self._put(copy, when=when, body_size=body_size, what=what)
 
     async def _put(self, copy: ServiceBusMessage, *, when: dt.datetime | None, body_size: int, what: str) -> None:
         sender = self._sender or sender_for(self._client, self.queue)

@@ -87,6 +87,9 @@ logger = logging.getLogger(__name__)
 _NOT_A_DEAD_LINK = (MessageAlreadySettled, MessageSizeExceededError)
 """Errors of a settlement that another receiver would meet just the same."""
 
+_REPLACEMENTS = 3
+"""Receivers one settlement or renewal tries after the first failed as a dead one (each a new one)."""
+
 Settle = Callable[[ServiceBusReceiver, ServiceBusReceivedMessage], Awaitable[None]]
 """One SDK settlement of a message through a receiver (complete, abandon, dead-letter)."""
 
@@ -165,6 +168,7 @@ class ServiceBusDelivery(Delivery):
         self._broker_count = broker_count
         self._lock_lost = False
         self._by_lock_token = False  # settled over $management (off_its_link), one request at a time
+        self._settling = 0  # settlement requests on their way (_sdk)
         self._end_hold = asyncio.Event()
         self._hold: asyncio.Task[None] | None = None
         self._on_released: list[Callable[[ServiceBusDelivery], None]] = []
@@ -213,7 +217,9 @@ class ServiceBusDelivery(Delivery):
             async with asyncio.timeout(self.settle_timeout):
                 await self._on_a_live_receiver(renew)
         except LOCK_LOST:
-            if not self.released.is_set():  # settled while the renewal was on its way: not a loss
+            # Settled while the renewal was on its way (or being settled now: the settlement's own
+            # answer tells whether the lock was lost): not a loss of the renewal's to report.
+            if not self.released.is_set() and not self._settling:
                 self._lost_lock()
             return Renewal.LOST
         except Exception as exc:  # noqa: BLE001 - the lock may still hold: try again
@@ -472,36 +478,44 @@ class ServiceBusDelivery(Delivery):
                     counters=route.counters,
                 )
 
+        self._settling += 1
         try:
             await self._on_a_live_receiver(settle_through)
         except LOCK_LOST:
             self._lost_lock()
             raise
+        finally:
+            self._settling -= 1
 
     async def _on_a_live_receiver(self, call: Callable[[Route], Awaitable[None]]) -> None:
         """``call(route)`` through the receiver this delivery came from. When that fails as a dead
         link or connection does (anything but a lost lock, a throttle outlasting the bound, or a
         refusal of the request itself), the pump is asked for a receiver that works
         (``Route.replace``: the one it has opened since, else a new one; it may be idle with every
-        slot taken and not have noticed) and ``call`` runs once more there, by lock token
-        (:meth:`off_its_link`). Session messages are never moved (their lock dies with the link)."""
+        slot taken and not have noticed) and ``call`` runs again there, by lock token
+        (:meth:`off_its_link`); a replacement that fails the same way is replaced in turn, at most
+        ``_REPLACEMENTS`` times. Session messages are never moved (their lock dies with the link)."""
         route = self._route
-        try:
-            await call(route)
-        except (*LOCK_LOST, *_NOT_A_DEAD_LINK):
-            raise
-        except Exception as exc:
-            if route.replace is None or route.session is not None or is_throttled(exc):
+        for replacements_left in reversed(range(_REPLACEMENTS + 1)):
+            try:
+                await call(route)
+                return
+            except (*LOCK_LOST, *_NOT_A_DEAD_LINK):
                 raise
-            replacement = await route.replace(route)
-            if replacement is None:
-                raise
-            logger.info(
-                "queue=%s message_id=%s: its receiver failed (%s), settling it by lock token on a new one",
-                self.queue, self.message_id, describe(exc),
-            )
-            self.off_its_link(replacement)
-            await call(replacement)
+            except Exception as exc:
+                if replacements_left == 0 or route.replace is None or route.session is not None or is_throttled(exc):
+                    raise
+                # The replacement may be dead too (its connection dropped as it opened): it is
+                # replaced in turn, a few times at most, all within the caller's bound.
+                replacement = await route.replace(route)
+                if replacement is None:
+                    raise
+                logger.info(
+                    "queue=%s message_id=%s: its receiver failed (%s), settling it by lock token on a new one",
+                    self.queue, self.message_id, describe(exc),
+                )
+                self.off_its_link(replacement)
+                route = replacement
 
     def _lost_lock(self) -> None:
         session = self._route.session
