@@ -178,7 +178,7 @@ class EntityPump:
                 route = self._route
                 try:
                     requested = time.monotonic()  # no lock handed out now can have started earlier
-                    messages = await self._receive(self._prefetch - len(self._in_hand))
+                    messages, received_on = await self._receive(self._prefetch - len(self._in_hand))
                 except Exception as exc:  # noqa: BLE001 - any failure: a new receiver
                     failure: Exception | None = exc
                 else:
@@ -194,22 +194,24 @@ class EntityPump:
                 continue
             self._throttled_in_a_row = 0
             for message in messages:
-                self._hand_out(message, requested)
+                self._hand_out(message, requested, received_on)
 
-    async def _receive(self, count: int) -> list[ServiceBusReceivedMessage]:
+    async def _receive(self, count: int) -> tuple[list[ServiceBusReceivedMessage], Route]:
         if self._receiver is None:
             await self.open()
-        assert self._receiver is not None
+        receiver, route = self._receiver, self._route
+        assert receiver is not None and route is not None
         async with asyncio.timeout(self._context.receive_wait + self._context.settle_timeout):
-            messages = await self._receiver.receive_messages(
+            messages = await receiver.receive_messages(
                 max_message_count=count, max_wait_time=self._context.receive_wait
             )
         self.healthy = True
-        return messages
+        return messages, route
 
-    def _hand_out(self, message: ServiceBusReceivedMessage, requested: float) -> None:
-        route = self._route
-        assert route is not None
+    def _hand_out(self, message: ServiceBusReceivedMessage, requested: float, route: Route) -> None:
+        """Hand ``message`` out, settled through ``route`` (the receiver it came on), or by lock
+        token through the current one if a settlement replaced that receiver during the receive:
+        its delivery id means nothing on another link."""
         delivery = build_delivery(
             lambda: ServiceBusDelivery(
                 message, route, settle_timeout=self._context.settle_timeout, requested=requested
@@ -219,6 +221,8 @@ class EntityPump:
         )
         if delivery is None:
             return
+        if self._route is not None and self._route is not route:
+            delivery.off_its_link(self._route)
         self._in_hand.add(delivery)
         delivery.on_released(self._free_slot)
         if self._context.renew_locks:
