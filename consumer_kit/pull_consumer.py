@@ -9,7 +9,11 @@ in a loop of its own per queue, instead of the broker pushing them.
   lapses and the broker hands it out again, counted, as after a real crash.
 * :class:`PullConsumer`: pause (no new pull; what the pull in flight brings is given back, uncounted),
   resume, stop, the hand-over of each delivery in a task of its own, and the give-backs of close.
-* :class:`PulledDelivery`: a delivery that tells its queue once it is settled, so the slot frees.
+* :class:`PulledDelivery`: a delivery that tells its queue once it is settled, so the slot frees,
+  and keeps the clock of its peek-lock: it lapses at the time the pull was *sent* plus the lock's
+  seconds, moved by each extension (:mod:`consumer_kit.lock_heartbeat`). From a margin before that
+  (10 % of the lock's seconds, at most 1 s) nothing is settled any more: the broker may have
+  handed the message to someone else.
 
 The adapter supplies the broker's calls: :meth:`PulledQueue._pull`, :meth:`PulledQueue._take`.
 Nothing here imports an adapter or an SDK.
@@ -36,9 +40,25 @@ M = TypeVar("M")
 
 class PulledDelivery(Delivery):
     """A delivery that calls ``_on_settled(self)`` once its first settlement has ended, whatever
-    the outcome (the subscriber stops holding it). The subclass sets ``_on_settled``."""
+    the outcome (the subscriber stops holding it), and knows whether it still holds its lock
+    (module docstring).
+
+    The subclass sets ``_on_settled`` and the lock's attributes: ``lock_seconds`` (seconds of
+    peek-lock the pull and each extension give), ``locked_until`` (``time.monotonic()`` when the
+    lock lapses) and ``lock_lost`` (the broker handed the message out again, or the lock lapsed
+    before a settlement).
+    """
 
     _on_settled: Callable[[Any], None]
+    lock_seconds: float
+    locked_until: float
+    lock_lost: bool
+
+    @property
+    def holds_lock(self) -> bool:
+        """``True`` while the lock, less its margin, has not lapsed and is not lost."""
+        margin = min(1.0, 0.1 * self.lock_seconds)
+        return not self.lock_lost and time.monotonic() < self.locked_until - margin
 
     async def _settle(self, how: Settlement, hook: Callable[[], Awaitable[None]]) -> None:
         first = self.settlement is None

@@ -15,8 +15,9 @@ from consumer_kit.adapters.nats import (
     subject_of,
 )
 from consumer_kit.adapters.nats.limits import fit, size_of
-from consumer_kit.adapters.nats.redelivery import GiveBacks
+from consumer_kit.adapters.nats.redelivery import MAX_ENTRIES
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.give_backs import GiveBacks
 from consumer_kit.publishing import OutgoingMessage
 
 
@@ -76,11 +77,14 @@ def test_size_counts_the_header_block_and_a_copy_is_trimmed_to_fit() -> None:
 
 
 def test_a_remembered_nak_is_no_redelivery_and_an_unexplained_count_is() -> None:
-    backs = GiveBacks()
-    assert backs.judge("s", 1, num_delivered=1, earlier=0, copied_suspect=False) == (1, False)
-    backs.remember("s", 1, num_delivered=1, uncounted=False, suspect=False)
-    assert backs.judge("s", 1, num_delivered=2, earlier=0, copied_suspect=False) == (2, False)
-    assert backs.judge("s", 1, num_delivered=3, earlier=0, copied_suspect=False) == (3, True)  # a lapse
-    backs.remember("s", 2, num_delivered=1, uncounted=True, suspect=False)  # an uncounted give-back
-    assert backs.judge("s", 2, num_delivered=2, earlier=0, copied_suspect=False) == (1, False)
-    assert backs.judge("s", 9, num_delivered=2, earlier=3, copied_suspect=False) == (5, True)  # another process's
+    backs: GiveBacks[tuple[str, int]] = GiveBacks(MAX_ENTRIES)
+    assert backs.judge(("s", 1), 1) == (1, False)
+    backs.remember(("s", 1), 1, uncounted=False, suspect=False)
+    assert backs.judge(("s", 1), 2) == (2, False)
+    assert backs.judge(("s", 1), 3) == (3, True)  # a lapse
+    backs.remember(("s", 2), 1, uncounted=True, suspect=False)  # an uncounted give-back
+    assert backs.judge(("s", 2), 2) == (1, False)
+    assert backs.judge(("s", 2), 3) == (2, True)  # its uncounted hand-out still counts
+    assert backs.judge(("s", 9), 2, earlier=3) == (5, True)  # another process's
+    backs.forget(("s", 2))  # acked: nothing to explain any more
+    assert len(backs) == 0

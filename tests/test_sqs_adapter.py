@@ -34,13 +34,15 @@ from consumer_kit.adapters.sqs import (
     headers_of,
     sqs_queue_name,
 )
+from consumer_kit.adapters.sqs.config import MAX_VISIBILITY_SECONDS
 from consumer_kit.adapters.sqs.envelope import MAX_ATTRIBUTES, PACKED_ATTRIBUTE
 from consumer_kit.adapters.sqs.errors import describe, entry_publish_error
 from consumer_kit.adapters.sqs.limits import size_of
-from consumer_kit.adapters.sqs.redelivery import GiveBacks
+from consumer_kit.adapters.sqs.redelivery import MAX_ENTRIES
 from consumer_kit.adapters.sqs.topology import QueueInfo
 from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.give_backs import GiveBacks
 from consumer_kit.outbox_relay.relay import relay_pending
 from consumer_kit.publishing import OutgoingMessage
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
@@ -148,20 +150,23 @@ def test_more_headers_than_sqs_attributes_travel_packed_and_come_back() -> None:
 
 
 def test_give_backs_tell_our_own_from_a_crash() -> None:
-    book = GiveBacks()
+    book: GiveBacks[tuple[str, str]] = GiveBacks(MAX_ENTRIES, keep_for=MAX_VISIBILITY_SECONDS)
     judge = book.judge
-    assert judge("q", "m", receive_count=1, earlier=0, copied_suspect=False) == (1, False)
-    assert judge("q", "m", receive_count=2, earlier=0, copied_suspect=False) == (2, True)  # unexplained
-    book.remember("q", "m", receive_count=2, uncounted=False, suspect=False)  # a retry
-    assert judge("q", "m", receive_count=3, earlier=0, copied_suspect=False) == (3, False)
-    book.remember("q", "m", receive_count=3, uncounted=True, suspect=False)  # a release
-    assert judge("q", "m", receive_count=4, earlier=0, copied_suspect=False) == (3, False)
-    book.remember("q", "m", receive_count=4, uncounted=True, suspect=True)  # a suspect released
-    assert judge("q", "m", receive_count=5, earlier=0, copied_suspect=False) == (3, True)
-    book.remember("q", "m", receive_count=5, uncounted=False, suspect=False)
+    assert judge(("q", "m"), 1) == (1, False)
+    assert judge(("q", "m"), 2) == (2, True)  # unexplained
+    book.remember(("q", "m"), 2, uncounted=False, suspect=False)  # a retry
+    assert judge(("q", "m"), 3) == (3, False)
+    book.remember(("q", "m"), 3, uncounted=True, suspect=False)  # a release
+    assert judge(("q", "m"), 4) == (3, False)
+    book.remember(("q", "m"), 4, uncounted=True, suspect=True)  # a suspect released
+    assert judge(("q", "m"), 5) == (3, True)
+    earlier = book.remember(("q", "m"), 5, uncounted=False, suspect=False)
     # someone else received it in between (and died): the count is not the one expected
-    assert judge("q", "m", receive_count=7, earlier=0, copied_suspect=False)[1] is True
-    assert judge("q", "copy", receive_count=1, earlier=4, copied_suspect=True) == (5, True)
+    assert judge(("q", "m"), 7)[1] is True
+    assert judge(("q", "copy"), 1, earlier=4, copied_suspect=True) == (5, True)
+    book.remember(("q", "m"), 7, uncounted=True, suspect=False)
+    book.forget(("q", "m"), earlier)  # SQS refused that give-back: back to what was known before
+    assert judge(("q", "m"), 8) == (6, True)  # two uncounted releases, and no give-back to explain 8
 
 
 def test_per_entry_publish_failures_map_to_publish_error_kinds() -> None:
@@ -245,7 +250,7 @@ async def test_fifo_give_backs_are_no_redelivery_but_a_lapsed_lock_is(sqs: SQSCl
         assert (second.delivery_count, second.redelivered) == (2, False)
         # nobody settles it: its visibility lapses, as after a crash (made explicit on both
         # clocks, the adapter's and SQS's, instead of waited for)
-        second.visible_until = time.monotonic()
+        second.locked_until = time.monotonic()
         await sqs.call("change_message_visibility", QueueUrl=url,
                        ReceiptHandle=second.receipt_handles[-1], VisibilityTimeout=0)
         third = await inbox.next()
@@ -517,11 +522,11 @@ async def test_renewal_asks_at_most_what_is_left_of_12_hours(sqs: SQSClient) -> 
         )
 
     nearly = delivery(43_200 - 10)
-    nearly.visible_until = time.monotonic() + 5  # still locked
+    nearly.locked_until = time.monotonic() + 5  # still locked
     assert await nearly.renew_lock()
     assert len(asked) == 1 and 8 <= asked[0] <= 9  # 12 hours less what has passed, less 1 s
     spent = delivery(43_200)
-    spent.visible_until = time.monotonic() + 5
+    spent.locked_until = time.monotonic() + 5
     assert not await spent.renew_lock()
     assert len(asked) == 1  # nothing asked past the maximum
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.url_options import flag, url_options
+from consumer_kit.url_options import flag, number, url_options
 
 _KNOWN = {"ack_wait", "heartbeat", "fetch_wait", "ordered", "max_deliver"}
 
@@ -73,25 +73,15 @@ class NATSConfig:
         options = url_options(parts.query, _KNOWN, scheme="nats")
         user = hosts[0].rsplit("@", 1)[0] + "@" if "@" in hosts[0] else ""
         servers = tuple(urlunsplit((parts.scheme, h if "@" in h else user + h, "", "", "")) for h in hosts)
-        max_deliver = options.get("max_deliver")
         return cls(
             servers=servers,
-            ack_wait=_seconds(options, "ack_wait", 30.0, 1.0, 43_200.0),
+            ack_wait=number(options, "ack_wait", 30.0, 1.0, 43_200.0, scheme="nats", unit="seconds"),
             heartbeat=flag(options, "heartbeat", True, scheme="nats"),
-            fetch_wait=_seconds(options, "fetch_wait", 5.0, 0.1, 60.0),
+            fetch_wait=number(options, "fetch_wait", 5.0, 0.1, 60.0, scheme="nats", unit="seconds"),
             ordered=flag(options, "ordered", False, scheme="nats"),
-            max_deliver=None if max_deliver is None else int(_seconds(options, "max_deliver", 0, 2, 1_000_000)),
+            max_deliver=(
+                None if "max_deliver" not in options
+                else number(options, "max_deliver", 2, 2, 1_000_000, scheme="nats", whole=True)
+            ),
         )
 
-
-def _seconds(options: dict[str, str], name: str, default: float, low: float, high: float) -> float:
-    value = options.get(name)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise ConfigurationError(f"nats:// option {name} must be a number, not {value!r}") from None
-    if not low <= number <= high:
-        raise ConfigurationError(f"nats:// option {name} must be {low:g} to {high:g}, not {number:g}")
-    return number

@@ -20,15 +20,16 @@ Copies carry ``Nats-Msg-Id = <stream>-<sequence>-<why>``: a copy re-sent after a
 is dropped by the target stream's duplicate window.
 
 **The lock.** The adapter knows when its peek-lock lapses: the time the pull was *sent* plus
-``ack_wait``, moved by each ``in_progress()`` (:mod:`consumer_kit.adapters.nats.renewal`). Past that
-(less 10 % of ``ack_wait``, at most 1 s) nothing is settled any more: JetStream may have handed the
-message to someone else. Such a settlement raises :class:`LockLost` and the delivery is ``lost``.
+``ack_wait`` (the delivery's ``lock_seconds``), moved by each ``in_progress()``
+(:mod:`consumer_kit.adapters.nats.renewal`). Past that (less 10 % of ``ack_wait``, at most 1 s:
+:class:`consumer_kit.pull_consumer.PulledDelivery`) nothing is settled any more: JetStream may have
+handed the message to someone else. Such a settlement raises :class:`LockLost` and the delivery is
+``lost``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -93,7 +94,7 @@ class NATSDelivery(PulledDelivery):
         self.num_delivered = int(meta.num_delivered)
         reading = own_headers.read(headers_of(msg.headers), msg.data)
         delivery_count, redelivered = GIVE_BACKS.judge(
-            info.stream, self.stream_seq, num_delivered=self.num_delivered,
+            (info.stream, self.stream_seq), self.num_delivered,
             earlier=reading.deliveries_before, copied_suspect=reading.suspect,
         )
         super().__init__(
@@ -109,7 +110,7 @@ class NATSDelivery(PulledDelivery):
             settle_timeout=settle_timeout,
         )
         self.info = info
-        self.ack_wait = info.ack_wait
+        self.lock_seconds = info.ack_wait
         self.locked_until = requested_at + info.ack_wait
         self.lock_lost = False
         self._js = js
@@ -118,12 +119,6 @@ class NATSDelivery(PulledDelivery):
         self._on_settled = on_settled
 
     # -- the lock ----------------------------------------------------------------------------
-
-    @property
-    def holds_lock(self) -> bool:
-        """True while ``ack_wait``, less its margin, has not lapsed (module docstring)."""
-        margin = min(1.0, 0.1 * self.ack_wait)
-        return not self.lock_lost and time.monotonic() < self.locked_until - margin
 
     def _ensure_lock(self) -> None:
         if not self.holds_lock:
@@ -138,7 +133,7 @@ class NATSDelivery(PulledDelivery):
     async def _ack(self) -> None:
         self._ensure_lock()
         await self.msg.ack_sync(timeout=self.settle_timeout)
-        GIVE_BACKS.forget(self.info.stream, self.stream_seq)
+        GIVE_BACKS.forget((self.info.stream, self.stream_seq))
 
     async def _retry(self, delay: float) -> None:
         self._ensure_lock()
@@ -171,7 +166,7 @@ class NATSDelivery(PulledDelivery):
         if await self._copy(self.info.dlq_subject, self.info.dlq_max_msg_size, headers, "dead_letter", droppable):
             await self.msg.term()
             await self._flush()
-            GIVE_BACKS.forget(self.info.stream, self.stream_seq)
+            GIVE_BACKS.forget((self.info.stream, self.stream_seq))
             return
         logger.error(
             "dead-letter copy of queue=%s message_id=%s (reason %s) does not fit %s; giving it back: "
@@ -188,7 +183,7 @@ class NATSDelivery(PulledDelivery):
 
     async def _nak(self, delay: float, *, uncounted: bool) -> None:
         # remembered first: a nak without delay is redelivered before its flush returns
-        GIVE_BACKS.remember(self.info.stream, self.stream_seq, num_delivered=self.num_delivered,
+        GIVE_BACKS.remember((self.info.stream, self.stream_seq), self.num_delivered,
                             uncounted=uncounted, suspect=self.redelivered and uncounted)
         await self.msg.nak(delay=delay if delay > 0 else None)
         await self._flush()

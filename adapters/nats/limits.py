@@ -6,7 +6,8 @@ a stream one larger than its ``max_msg_size``; both count the header block and t
     size = len("NATS/1.0\\r\\n") + sum(len(f"{name}: {value}\\r\\n")) + len("\\r\\n") + len(body)
 
 (no headers: the body alone). :func:`size_of` measures it that way; :func:`fit` drops headers from
-a copy (retry, release, dead-letter, redrive) until it fits, or says it cannot.
+a copy (retry, release, dead-letter, redrive) until it fits, or says it cannot
+(:mod:`consumer_kit.copy_fit`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from consumer_kit import headers as own
+from consumer_kit.copy_fit import fit_copy
 
 from .envelope import headers_for
 
@@ -41,31 +43,20 @@ def limit_of(max_payload: int, max_msg_size: int) -> int:
 def fit(body: bytes, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str] = (),
         extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """NATS headers for a copy of ``body`` with ``headers`` (signed) plus ``extra`` (unsigned:
-    ``Nats-Msg-Id``) that fit ``limit`` bytes, and the names left out to make it fit: first every
-    header not in :data:`KEPT` (largest first), then ``extra`` (a copy's de-duplication id is only
-    a convenience), then ``droppable`` in its order.
+    ``Nats-Msg-Id``) that fit ``limit`` bytes, and the names left out to make it fit
+    (:func:`consumer_kit.copy_fit.fit_copy`): first every header not in :data:`KEPT` (largest
+    first), then ``extra`` (a copy's de-duplication id is only a convenience), then ``droppable``
+    in its order.
 
     Raises:
         ValueError: it does not fit even without them (the message names both sizes).
     """
-    current = dict(headers)
-    last = [n for n in droppable if n in current]
     spare = dict(extra or {})
-    order = sorted((n for n in current if n not in KEPT and n != own.SIGNATURE and n not in last),
-                   key=lambda n: -len(str(current[n])))
-    order += [*spare, *last]
-    dropped: list[str] = []
-    while True:
-        # signed as sent: after any drop, so the signature covers exactly the marks the copy keeps
-        sent = {**headers_for(own.seal(dict(current), body)), **spare}
-        size = size_of(body, sent)
-        if size <= limit:
-            return sent, dropped
-        if not order:
-            raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
-        name = order.pop(0)
-        if name in spare:
-            del spare[name]
-        else:
-            del current[name]
-        dropped.append(name)
+
+    def measure(current: dict[str, Any]) -> tuple[dict[str, str], int]:
+        signed = {n: v for n, v in current.items() if n not in spare}
+        sent = {**headers_for(own.seal(signed, body)), **{n: current[n] for n in spare if n in current}}
+        return sent, size_of(body, sent)
+
+    return fit_copy({**headers, **spare}, measure, limit, kept=KEPT, droppable=(*spare, *droppable),
+                    size=lambda value: len(str(value)))

@@ -8,39 +8,23 @@ held retry, a release on a session entity or a subscription, or a copy that coul
 (On a plain queue a release is an uncounted copy: its next delivery has ``delivery_count`` 0 and
 is told apart without any memory, see :mod:`consumer_kit.adapters.servicebus.delivery`.)
 
-The adapter remembers each abandon it makes: entity, sequence number and the ``delivery_count``
-the next delivery must then have. A redelivery is *ours* only when it matches a remembered
-abandon exactly; everything else is a suspect:
-
-====================================================  ===========================================
-redelivery of a message with ``delivery_count > 0``   ``redelivered``
-====================================================  ===========================================
-this process abandoned it, and the count is exactly   ``False`` (``True`` when the abandoned
-the one after that abandon                            delivery was itself a suspect: a suspect
-                                                      stays a suspect)
-count higher than that (a lock expired after our      ``True``: a real crash is never missed
-abandon: someone held it and died)
-another process abandoned it, or this process before  ``True``: a *false suspect*; it costs only
-a restart (nothing remembered)                        running alone once
-====================================================  ===========================================
-
-So a real crash is never taken for a give-back: only an exact match with an abandon this very
-process made clears a redelivery. What is remembered is bounded (``capacity`` entries, oldest
-dropped first; a dropped entry makes its redelivery a false suspect).
+The adapter remembers each abandon it makes (:mod:`consumer_kit.give_backs`, whose table says
+how a redelivery is judged): entity (names are case-insensitive), sequence number and the
+``delivery_count`` the next delivery must then have. A redelivery is *ours* only when it matches
+a remembered abandon exactly; everything else is a suspect: a count higher than that (a lock
+expired after our abandon: someone held it and died) is never missed, and a message another
+process abandoned, or this one before a restart, is a *false suspect* (it costs only running alone
+once). A suspect stays a suspect. The SDK's ``delivery_count`` starts at 0, consumer-kit's
+counts at 1: the book is kept in consumer-kit's (``delivery_count + 1``). What is remembered is
+bounded (``capacity`` entries, oldest dropped first; a dropped entry makes its redelivery a false
+suspect).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from consumer_kit import give_backs
 
 DEFAULT_CAPACITY = 10_000
-
-
-@dataclass(frozen=True)
-class _GiveBack:
-    next_delivery_count: int  # the SDK's delivery_count the redelivery must have
-    suspect: bool  # the abandoned delivery was itself a suspect
 
 
 class GiveBacks:
@@ -48,37 +32,27 @@ class GiveBacks:
 
     Args:
         capacity: most abandons remembered at once (oldest dropped first).
+
+    Raises:
+        ValueError: ``capacity`` < 1.
     """
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be >= 1")
-        self._capacity = capacity
-        self._entries: OrderedDict[tuple[str, int], _GiveBack] = OrderedDict()
+        self._book: give_backs.GiveBacks[tuple[str, int]] = give_backs.GiveBacks(capacity)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._book)
 
     def record(self, entity: str, sequence_number: int, delivery_count: int, *, suspect: bool) -> None:
         """Remember that this process abandoned message ``sequence_number`` of ``entity``, handed
         out with the SDK's ``delivery_count`` (Service Bus adds one on abandon)."""
-        key = (entity.casefold(), sequence_number)
-        self._entries.pop(key, None)
-        self._entries[key] = _GiveBack(delivery_count + 1, suspect)
-        while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+        self._book.remember((entity.casefold(), sequence_number), delivery_count + 1, suspect=suspect)
 
     def forget(self, entity: str, sequence_number: int) -> None:
         """Drop a recorded abandon that did not happen after all (the call failed)."""
-        self._entries.pop((entity.casefold(), sequence_number), None)
+        self._book.forget((entity.casefold(), sequence_number))
 
     def is_suspect(self, entity: str, sequence_number: int, delivery_count: int) -> bool:
         """Whether a delivery with the SDK's ``delivery_count`` must count as ``redelivered``
-        (table in the module docstring). Forgets the matching abandon."""
-        if delivery_count <= 0:
-            self.forget(entity, sequence_number)
-            return False
-        given_back = self._entries.pop((entity.casefold(), sequence_number), None)
-        if given_back is None or given_back.next_delivery_count != delivery_count:
-            return True
-        return given_back.suspect
+        (module docstring). Forgets the matching abandon."""
+        return self._book.judge((entity.casefold(), sequence_number), delivery_count + 1)[1]

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.settings.sqs import MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS, SQSURLOptions
-from consumer_kit.url_options import flag, url_options
+from consumer_kit.url_options import flag, number, url_options
 
 __all__ = ["MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "SQSConfig"]
 
@@ -86,26 +86,19 @@ class SQSConfig:
         account = parts.path.strip("/") or None
         if account is not None and not (account.isdigit() and len(account) == 12):
             raise ConfigurationError(f"the sqs:// path must be a 12-digit account id, not {account!r}")
-        visibility = options.get("visibility")
         return cls(
             endpoint_url=endpoint,
             region=options.get("region") or None,
             account_id=account,
-            wait_seconds=_bounded(options.get("wait", str(_DEFAULT_WAIT)), "wait", 0, MAX_WAIT_SECONDS),
+            wait_seconds=number(
+                options, "wait", _DEFAULT_WAIT, 0, MAX_WAIT_SECONDS, scheme="sqs", whole=True, unit="seconds"
+            ),
             visibility_timeout=(
-                None if visibility is None
-                else _bounded(visibility, "visibility", 1, MAX_VISIBILITY_SECONDS)
+                None if "visibility" not in options
+                else number(options, "visibility", 1, 1, MAX_VISIBILITY_SECONDS, scheme="sqs", whole=True,
+                            unit="seconds")
             ),
             heartbeat=flag(options, "heartbeat", cls.heartbeat, scheme="sqs"),
             create_queues=flag(options, "create_queues", cls.create_queues, scheme="sqs"),
         )
 
-
-def _bounded(value: str, name: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigurationError(f"sqs:// option {name} must be whole seconds, not {value!r}") from None
-    if not low <= number <= high:
-        raise ConfigurationError(f"sqs:// option {name} must be {low} to {high} seconds, not {number}")
-    return number

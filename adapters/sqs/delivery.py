@@ -38,8 +38,9 @@ in what is left of the 12 hours is given back as before. If the process dies mea
 lapses and the message comes back redelivered (a crash, as it is).
 
 **The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
-the visibility timeout, moved by each extension (:mod:`consumer_kit.adapters.sqs.renewal`). Past that
-(less a margin of 10 % of the timeout, at most 1 s) nothing is settled any more: SQS may have
+the visibility timeout (the delivery's ``lock_seconds``), moved by each extension
+(:mod:`consumer_kit.adapters.sqs.renewal`). Past that (less a margin of 10 % of the timeout, at most
+1 s: :class:`consumer_kit.pull_consumer.PulledDelivery`) nothing is settled any more: SQS may have
 handed the message to someone else, so an ack would delete a message another worker holds.
 Such a settlement raises :class:`~consumer_kit.adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
 the message comes back (or already came back) and the ledger answers it as a duplicate.
@@ -103,11 +104,14 @@ class SQSDelivery(PulledDelivery):
         dead_letters: where its dead letters go.
         settler: the consumer's settlement calls.
         requested_at: ``time.monotonic()`` when the receive was sent (the lock's start).
-        visibility: seconds of peek-lock the receive asked for (and each extension gives).
+        visibility: seconds of peek-lock the receive asked for (and each extension gives): the
+            delivery's ``lock_seconds``.
         settle_timeout: seconds; the bound the base class puts on each settlement.
         renew: extends the lock now (the heartbeat's); ``False`` when it is lost.
         on_settled: told once the delivery is settled, whatever the outcome.
     """
+
+    lock_seconds: int  # SQS's VisibilityTimeout is whole seconds
 
     def __init__(
         self,
@@ -130,10 +134,8 @@ class SQSDelivery(PulledDelivery):
         self.sqs_message_id = str(raw["MessageId"])
         self.receive_count = int(system.get("ApproximateReceiveCount", 1))  # SQS's own, not the producer's
         delivery_count, redelivered = judged or GIVE_BACKS.judge(
-            info.url, self.sqs_message_id,
-            receive_count=self.receive_count,
-            earlier=reading.deliveries_before,
-            copied_suspect=reading.suspect,
+            (info.url, self.sqs_message_id), self.receive_count,
+            earlier=reading.deliveries_before, copied_suspect=reading.suspect,
         )
         sent = system.get("SentTimestamp")
         self._text = str(raw.get("Body", ""))
@@ -154,8 +156,8 @@ class SQSDelivery(PulledDelivery):
         self.queue_url = info.url
         self.receipt_handles = [str(raw["ReceiptHandle"])]
         self.requested_at = requested_at
-        self.visibility = visibility
-        self.visible_until = requested_at + visibility
+        self.lock_seconds = visibility
+        self.locked_until = requested_at + visibility
         self.lock_lost = False
         self._info = info
         self._dead_letters = dead_letters
@@ -168,12 +170,6 @@ class SQSDelivery(PulledDelivery):
         self.successor: SQSDelivery | None = None
 
     # -- the lock ----------------------------------------------------------------------------
-
-    @property
-    def holds_lock(self) -> bool:
-        """True while the visibility timeout, less its margin, has not lapsed (module docstring)."""
-        margin = min(1.0, 0.1 * self.visibility)
-        return not self.lock_lost and time.monotonic() < self.visible_until - margin
 
     def seconds_left_of_12_hours(self) -> int:
         """Whole seconds the visibility may still be extended to (SQS's 12 hours from the receive,
@@ -200,7 +196,7 @@ class SQSDelivery(PulledDelivery):
     async def _retry(self, delay: float) -> None:
         self._ensure_lock()
         seconds = math.ceil(delay)
-        if self._hold_retries and seconds + self.visibility < self.seconds_left_of_12_hours():
+        if self._hold_retries and seconds + self.lock_seconds < self.seconds_left_of_12_hours():
             # FIFO: the retry stays in this process (module docstring, "Held retries"); nothing
             # is sent, the successor takes over the lock and the lane runs it after the delay.
             self.retry_delay = delay
@@ -259,12 +255,12 @@ class SQSDelivery(PulledDelivery):
         lock, one delivery more, not redelivered."""
         successor = SQSDelivery(
             self._raw, queue=self.queue, info=self._info, dead_letters=self._dead_letters,
-            settler=self._settler, requested_at=self.requested_at, visibility=self.visibility,
+            settler=self._settler, requested_at=self.requested_at, visibility=self.lock_seconds,
             settle_timeout=self.settle_timeout, renew=self._renew, on_settled=self._on_settled,
             hold_retries=self._hold_retries, judged=(self.delivery_count + 1, False),
         )
         successor.receipt_handles = list(self.receipt_handles)
-        successor.visible_until = self.visible_until
+        successor.locked_until = self.locked_until
         successor.lock_lost = self.lock_lost
         return successor
 
@@ -275,14 +271,14 @@ class SQSDelivery(PulledDelivery):
         # Remembered first: with 0 s the message is visible again the moment SQS applies the
         # change, and a receive in flight can hand it back before the change's reply arrives.
         earlier = GIVE_BACKS.remember(
-            self.queue_url, self.sqs_message_id, receive_count=self.receive_count,
+            (self.queue_url, self.sqs_message_id), self.receive_count,
             uncounted=uncounted, suspect=self.redelivered and uncounted,
         )
         try:
             await self._settler.change_visibility(self, seconds)
         except (ClientError, LockLost):
             # SQS answered with a refusal: the change was not applied.
-            GIVE_BACKS.forget(self.queue_url, self.sqs_message_id, earlier)
+            GIVE_BACKS.forget((self.queue_url, self.sqs_message_id), earlier)
             raise
         # Anything else (the settle timeout, a lost reply, cancellation) leaves the outcome
         # unknown: SQS may have applied the change, so the give-back stays remembered. Forgetting

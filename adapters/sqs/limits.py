@@ -8,7 +8,7 @@ QueueInfo.max_message_size`, default 256 KiB) and a ``SendMessageBatch`` of more
                  + for each attribute: bytes of its name + its data type + its value
 
 :func:`size_of` measures a message that way; :func:`fit` drops headers from a copy (retry, release,
-dead-letter, redrive) until it fits, or says it cannot.
+dead-letter, redrive) until it fits, or says it cannot (:mod:`consumer_kit.copy_fit`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from consumer_kit import headers as own
+from consumer_kit.copy_fit import fit_copy
 
 from .envelope import PRIORITY, Attributes, as_text, attributes_for
 
@@ -37,26 +38,17 @@ def size_of(body: str, attributes: Mapping[str, Mapping[str, Any]]) -> int:
 def fit(
     body: str, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str]
 ) -> tuple[Attributes, list[str]]:
-    """Attributes for a copy of ``body`` with ``headers`` that fit ``limit`` bytes, and the names
-    of the headers left out to make it fit: first every header not in :data:`PRIORITY` (largest
-    first), then ``droppable`` in its order.
+    """Attributes for a copy of ``body`` with ``headers`` (signed) that fit ``limit`` bytes, and the
+    names of the headers left out to make it fit (:func:`consumer_kit.copy_fit.fit_copy`): first
+    every header not in :data:`PRIORITY` (largest first), then ``droppable`` in its order.
 
     Raises:
         ValueError: it does not fit even without them (the message names both sizes).
     """
-    current = dict(headers)
-    order = sorted((n for n in current if n not in PRIORITY), key=lambda n: -len(as_text(current[n])))
-    order += [n for n in droppable if n in current and n not in order]
-    dropped: list[str] = []
     encoded = body.encode("utf-8")
-    while True:
-        # signed as sent: after any drop, so the signature covers exactly the marks the copy keeps
+
+    def measure(current: dict[str, Any]) -> tuple[Attributes, int]:
         attributes = attributes_for(own.seal(dict(current), encoded))
-        size = size_of(body, attributes)
-        if size <= limit:
-            return attributes, dropped
-        if not order:
-            raise ValueError(f"a copy of {size} bytes exceeds the maximum message size of {limit} bytes")
-        name = order.pop(0)
-        del current[name]
-        dropped.append(name)
+        return attributes, size_of(body, attributes)
+
+    return fit_copy(headers, measure, limit, kept=PRIORITY, droppable=droppable, size=lambda value: len(as_text(value)))

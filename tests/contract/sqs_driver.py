@@ -101,12 +101,12 @@ class SQSDriver(Driver):
 
     async def lapse_locks(self, consumer: Consumer) -> None:
         """The visibility of each unsettled delivery whose lock still holds (running, or handed
-        back unsettled) lapses on both clocks, the adapter's (``visible_until``) and SQS's
+        back unsettled) lapses on both clocks, the adapter's (``locked_until``) and SQS's
         (``ChangeMessageVisibility`` 0): SQS hands the message out again at once."""
         assert isinstance(consumer, TrackingConsumer)
         for delivery in consumer.deliveries:
             if delivery.settlement is None and delivery.holds_lock:
-                delivery.visible_until = time.monotonic()
+                delivery.locked_until = time.monotonic()
                 await self.client.call(
                     "change_message_visibility", QueueUrl=delivery.queue_url,
                     ReceiptHandle=delivery.receipt_handles[-1], VisibilityTimeout=0,
