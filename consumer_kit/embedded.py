@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.extras import install_hint
 from consumer_kit.settings import DatabaseSettings
 
 logger = logging.getLogger("consumer_kit.embedded")
 
 _servers: dict[Path, Any] = {}
 
-INSTALL_HINT = "pip install 'consumer-kit[embedded]'"
+INSTALL_HINT = install_hint("embedded")
 OWN_SERVER_HINT = "CONSUMER_KIT_DATABASE_URL=postgresql://USER:PASSWORD@HOST:5432/DATABASE"
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 
 def install_hint(extra: str) -> str:
-    """The command that installs ``extra``: ``pip install 'consumer-kit[sqs]'``."""
-    return f"pip install 'consumer-kit[{extra}]'"
+    """The commands that install ``extra``: ``pip install 'consumer-kit[sqs]' (from a clone: pip
+    install -e '.[sqs]')``. consumer-kit is not on PyPI: the first adds the extra's packages to the
+    consumer-kit already installed (pip keeps that one), the second installs from a clone's root."""
+    return f"pip install 'consumer-kit[{extra}]' (from a clone: pip install -e '.[{extra}]')"
 
 
 class MissingExtra(ImportError):

@@ -180,7 +180,8 @@ def test_an_adapter_whose_sdk_is_missing_names_the_extra_to_install() -> None:
     declared = set(metadata("consumer-kit").get_all("Provides-Extra") or [])
     for scheme, (sdk, extra) in SDKS.items():
         assert said[scheme].startswith(
-            f"the {scheme!r} adapter needs an extra: pip install 'consumer-kit[{extra}]' ("
+            f"the {scheme!r} adapter needs an extra: pip install 'consumer-kit[{extra}]' "
+            f"(from a clone: pip install -e '.[{extra}]') ("
         ), (scheme, said[scheme])
         assert sdk in said[scheme]  # the missing module is named too
         assert extra in declared  # an extra pip knows

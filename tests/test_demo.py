@@ -21,8 +21,14 @@ AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["consumer_kit.demo", "examples.invoices.demo"])
-def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str) -> None:
+@pytest.mark.parametrize("module, where", [
+    ("consumer_kit.demo", "elsewhere"),
+    ("examples.invoices.demo", "elsewhere"),
+    # as the README says: from the clone's root, where ./consumer_kit comes first on sys.path
+    # (without PYTHONPATH), with consumer-kit installed editable (pip install -e '.[embedded]')
+    ("consumer_kit.demo", "clone root"),
+])
+def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str, where: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_KIT_")}
     env["CONSUMER_KIT_EMBEDDED_DATA_DIR"] = str(tmp_path / "pgdata")
     if AS_ROOT:
@@ -31,12 +37,16 @@ def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str) -> Non
             pytest.skip("as root the demo needs CONSUMER_KIT_TEST_DATABASE_URL")
         env["CONSUMER_KIT_DATABASE_URL"] = url
     env["COLUMNS"] = "160"
-    env["PYTHONPATH"] = str(REPO)  # for examples.invoices.demo; consumer_kit.demo is installed
+    if where == "clone root":
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = str(REPO)  # for examples.invoices.demo; consumer_kit.demo is installed
     schema = f"ck_demo_{uuid.uuid4().hex[:12]}"  # the test database is shared with other runs
     try:
         result = subprocess.run(
             [sys.executable, "-m", module, "--schema", schema],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180, check=False,
+            cwd=REPO if where == "clone root" else tmp_path, env=env, capture_output=True, text=True,
+            timeout=180, check=False,
         )
     finally:
         if AS_ROOT:

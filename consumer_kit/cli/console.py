@@ -29,7 +29,7 @@ from rich.text import Text
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.plain_text import escape_controls
-from consumer_kit.redaction import redact_url
+from consumer_kit.redaction import redact, redact_url
 from consumer_kit.settings import (
     BrokerSettings,
     DatabaseSettings,
@@ -335,13 +335,14 @@ def print_fields(title: str, pairs: Sequence[tuple[str, object]], console: Conso
 
 @contextlib.contextmanager
 def user_errors(settings: DatabaseSettings | None = None) -> Iterator[None]:
-    """Turn the errors a user can fix into ``error: ...`` on stderr and exit code 2."""
+    """Turn the errors a user can fix into ``error: ...`` on stderr and exit code 2, secrets
+    masked (:func:`~consumer_kit.redaction.redact`): a driver's message may quote the URL it refused."""
     url = settings.database_url if settings is not None and not settings.embedded else None
     where = f" at {redact_url(url)}" if url else ""
     try:
         yield
     except ConfigurationError as exc:
-        fail(str(exc))
+        fail(str(exc))  # our own messages: URLs in them are redacted where they are written
     except pg_errors.UndefinedTable as exc:
         fail(f"{_first_line(exc)}: run `consumer-kit migrate` first (and check CONSUMER_KIT_DB_SCHEMA)")
     except pg_errors.InvalidSchemaName as exc:
@@ -357,5 +358,6 @@ def user_errors(settings: DatabaseSettings | None = None) -> Iterator[None]:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s text, secrets masked (libpq quotes the DSN it cannot parse)."""
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+    return redact(text.splitlines()[0])

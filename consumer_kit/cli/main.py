@@ -56,7 +56,8 @@ cli = typer.Typer(
     "Configuration comes from CONSUMER_KIT_* environment variables: CONSUMER_KIT_DATABASE_URL "
     "(postgresql://...; 'embedded' for a throwaway embedded PostgreSQL under .consumer-kit/pgdata) "
     "and CONSUMER_KIT_BROKER_URL (amqp://...; memory:// works only inside one process). Every "
-    "setting: docs/reference/settings.md (consumer-kit's documentation site).",
+    "setting: docs/reference/settings.md on consumer-kit's documentation site, or "
+    "`python -m consumer_kit.settings_reference`.",
 )
 
 

@@ -24,6 +24,7 @@ from consumer_kit.cli.console import (
     require_shared_broker,
     user_errors,
 )
+from consumer_kit.extras import install_hint
 from consumer_kit.listen_address import check_host
 from consumer_kit.operator_actions import default_actor
 from consumer_kit.settings import OperatorConsoleSettings, OutboxSettings, Settings
@@ -54,7 +55,7 @@ def console(
 
         from consumer_kit.console_web import ConsoleConfig, create_app
     except ImportError as exc:
-        fail(f"the console needs its extra: pip install 'consumer-kit[console]' ({exc})")
+        fail(f"the console needs its extra: {install_hint('console')} ({exc})")
     try:
         bind = check_host(host)
     except ValueError as exc:

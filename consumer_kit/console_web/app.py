@@ -49,7 +49,7 @@ from consumer_kit.operator_actions import (
     resolve_parked,
 )
 from consumer_kit.plain_text import escape_controls
-from consumer_kit.redaction import redact_url
+from consumer_kit.redaction import redact, redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.stats import StatsReader, age_text, duration_text
 
@@ -144,7 +144,7 @@ def _back_to(page: str) -> Callable[[Request], Awaitable[Response]]:
 
 async def _unavailable(request: Request, exc: Exception) -> Response:
     """The database or broker cannot be used: say so on one line (as the CLI's ``error:``)."""
-    text = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    text = redact((str(exc).strip() or type(exc).__name__).splitlines()[0])  # libpq may quote the URL
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
         text += ": run `consumer-kit migrate` first (and check CONSUMER_KIT_DB_SCHEMA)"
     logger.warning("console: %s failed: %s", request.url.path, text)
@@ -294,7 +294,7 @@ class _Console:
                     total = await dead.count(queue)
                     letters = await dead.peek(queue, limit=self.config.peek_limit)
                 except (ConfigurationError, ConnectionError, OSError) as exc:
-                    queues.append({"name": queue, "error": str(exc) or type(exc).__name__, "groups": [], "total": 0})
+                    queues.append({"name": queue, "error": redact(str(exc)) or type(exc).__name__, "groups": [], "total": 0})
                     continue
                 groups: list[Group] = group_dead_letters(
                     await dead_letter_rows(self.settings, self.config.app, letters)

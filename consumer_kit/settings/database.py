@@ -11,11 +11,17 @@ import re
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from .fields import GroupSettings, example
 
 EMBEDDED = "embedded"
 """``CONSUMER_KIT_DATABASE_URL=embedded``: use the embedded PostgreSQL (pgserver), on purpose."""
+
+URL_SCHEMES = ("postgresql", "postgres")
+"""The schemes of a libpq connection URI (a ``key=value`` DSN has none)."""
+
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -30,10 +36,12 @@ class DatabaseSettings(GroupSettings):
             one line per setting instead).
     """
 
+    model_config = SettingsConfigDict(hide_input_in_errors=True)  # a URL's password: not in its text
+
     database_url: str | None = example(
         "postgresql://user:password@db.example:5432/app",
         "PostgreSQL URL, or 'embedded' for an embedded PostgreSQL (pgserver) under"
-        " embedded_data_dir. Unset: the worker, the relay and migrate refuse to start, so a"
+        " embedded_data_dir. Unset or blank: the worker, the relay and migrate refuse to start, so a"
         " forgotten URL never puts real messages into a throwaway database; in-process runs"
         " (the demo, tests with memory://) use the embedded one.",
     )
@@ -52,6 +60,20 @@ class DatabaseSettings(GroupSettings):
         default=None, min_length=16,
         description="While rotating mark_key: the previous key, still accepted on marks (never signs).",
     )
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _database_url(cls, value: object) -> object:
+        """Blank (``CONSUMER_KIT_DATABASE_URL=``) is unset: never libpq's defaults. A URL names
+        the scheme libpq reads (``postgresql+asyncpg://`` is SQLAlchemy's, not a libpq URL)."""
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return None
+        url = _URL.match(value.strip())
+        if url and url.group("scheme") not in URL_SCHEMES:
+            raise ValueError(f"must start with postgresql:// or postgres:// (got {url.group('scheme')!r})")
+        return value
 
     @field_validator("db_schema")
     @classmethod

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.extras import install_hint
 
 logger = logging.getLogger("consumer_kit.telemetry")
 
-EXTRA = "pip install 'consumer-kit[otel]'"
+EXTRA = install_hint("otel")
 
 
 @dataclass

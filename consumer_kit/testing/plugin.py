@@ -72,8 +72,8 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
 def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The PostgreSQL URL the testing kit creates its throwaway schemas in."""
     for name in ("CONSUMER_KIT_TEST_DATABASE_URL", "CONSUMER_KIT_DATABASE_URL"):
-        url = os.environ.get(name)
-        if url and url.strip().lower() != "embedded":
+        url = (os.environ.get(name) or "").strip()  # blank is unset, as in the settings
+        if url and url.lower() != "embedded":
             yield url
             return
     from consumer_kit.embedded import embedded_database_url

@@ -1,6 +1,6 @@
 """Copy this file next to your own handler's tests: every delivery guarantee in a few lines.
 
-Run it with ``pytest examples/testing_kit`` (``pip install 'consumer-kit[testing]'`` brings pytest
+Run it with ``pytest examples/testing_kit`` (``pip install -e '/path/to/consumer-kit[testing]'`` brings pytest
 and pytest-asyncio; the kit's plugin runs these ``async def`` tests without a marker). The database is
 ``CONSUMER_KIT_TEST_DATABASE_URL`` or ``CONSUMER_KIT_DATABASE_URL``; with neither set, the kit
 starts an embedded PostgreSQL for the session. Each harness works in a throwaway schema.
