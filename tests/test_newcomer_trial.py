@@ -191,17 +191,11 @@ def test_the_embedded_database_without_pgserver_names_both_installs(
     assert list(tmp_path.iterdir()) == []
 
 
-NOT_YET = {"docs/brokers/servicebus.md"}
-"""Pages whose install line waits for work under way on them (then: remove them from here)."""
-
-
 def test_the_pages_install_from_a_clone_never_from_the_package_index() -> None:
     """consumer-kit is not on PyPI: `pip install 'consumer-kit[...]'` alone fails for a newcomer; a
     page shows it only as the error messages say it, with the install from a clone beside it."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("*.md"))]
     for page in pages:
-        if str(page.relative_to(ROOT)) in NOT_YET:
-            continue
         text = " ".join(page.read_text().split())
         for found in re.finditer(r"pip install 'consumer-kit\[([a-z,]+)\]'", text):  # not `... @ file://`
             clone = f" (from a clone: pip install -e '.[{found.group(1)}]')"
