@@ -15,7 +15,9 @@ so consumer-kit waits instead:
   after the backoff, within the publish's ``confirm_timeout``;
 * a throttled **peek** of ``consumer-kit dlq`` is made again, within its call timeout;
 * a throttled **receive** makes the pump wait the backoff before it receives again
-  (:mod:`~consumer_kit.adapters.servicebus.subscription`).
+  (:mod:`~consumer_kit.adapters.servicebus.subscription`);
+* a throttled **lock renewal** (message or session) is tried again by the lock keeper at its
+  next turn, well before the lock lapses.
 
 Each wait is counted ``throttled`` (consumers) and logged with ids only.
 """
