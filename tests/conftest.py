@@ -1,4 +1,5 @@
-"""Shared fixtures: real PostgreSQL and real RabbitMQ, or a skip that says how to start them.
+"""Shared fixtures: real PostgreSQL and real RabbitMQ, or a skip that says how to start them;
+the local Service Bus test server.
 
 With ``CONSUMER_KIT_REQUIRE_SERVICES=1`` (CI), a missing service fails the test instead.
 """
@@ -11,7 +12,8 @@ import shutil
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlparse, urlunparse
 
 import pytest
@@ -19,6 +21,10 @@ import pytest
 from tests.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
 from tests.resilience import renv  # noqa: F401 - fixture: env with per-worker settings and backends
 from tests.telemetry_kit import otel  # noqa: F401 - fixture: the OpenTelemetry SDK, in memory
+
+if TYPE_CHECKING:
+    from tests.servicebus_server import ServiceBusTestServer
+    from tests.servicebus_server.fixtures import SBEnv
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -103,6 +109,29 @@ def vhost_of(url: str) -> str:
     """The vhost an AMQP URL names (``/`` when none)."""
     path = urlparse(url).path
     return "/" if path in ("", "/") else path[1:].replace("%2F", "/")
+
+
+# The Service Bus fixtures import the test server (and the azure-servicebus SDK) only when a test
+# asks for them: runs without Service Bus tests do not load the SDK.
+
+
+@pytest.fixture(scope="session")
+def sb_server() -> Iterator[ServiceBusTestServer]:
+    """One local Service Bus test server (tests/servicebus_server) for the whole test session;
+    entities are per test."""
+    from tests.servicebus_server import ServiceBusTestServer
+
+    with ServiceBusTestServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def sb(sb_server: ServiceBusTestServer) -> AsyncIterator[SBEnv]:
+    """One test's view of ``sb_server``: a :class:`tests.servicebus_server.fixtures.SBEnv`."""
+    from tests.servicebus_server.fixtures import sb_env
+
+    async with sb_env(sb_server) as view:
+        yield view
 
 
 @pytest.fixture

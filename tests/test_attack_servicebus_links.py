@@ -19,12 +19,7 @@ from azure.servicebus import ServiceBusMessage
 from consumer_kit.adapters.servicebus import ServiceBusDelivery
 from consumer_kit.adapters.servicebus.renewal import Renewal
 from consumer_kit.adapters.servicebus.subscription import EntityPump
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SBEnv, eventually
 
 LOCK = 5.0  # seconds: Service Bus's shortest lock duration
 ACTIONS = ("ack", "abandon", "later", "dead")  # ack, retry(0), retry(delay), dead_letter
@@ -86,15 +81,12 @@ async def test_sixteen_deliveries_in_hand_through_a_dropped_connection_settle_ea
         entity = sb.create_queue(lock_duration=LOCK * 4)
         path = send_to = sb.queue
     else:
-        topic = sb.queue + "-topic"
-        sb.server.create_topic(topic)
-        entity = sb.server.create_subscription(topic, "audit", lock_duration=LOCK * 4)
-        path, send_to = f"{topic}/Subscriptions/audit", topic
+        entity = sb.create_subscription("audit", lock_duration=LOCK * 4)
+        path, send_to = entity.path, sb.topic
     bodies = [f"{ACTIONS[n % 4]}-{n}" for n in range(16)]
     await sb.send_bodies(*(b.encode() for b in bodies), entity=send_to)
     gate = Gate()
-    consumer = sb.consumer(settle_timeout=3.0)
-    await consumer.subscribe(path, gate, prefetch=16)
+    consumer = await sb.subscribe(gate, path, prefetch=16, settle_timeout=3.0)
     await eventually(lambda: len(gate.first) == 16, within=15, what="16 deliveries in hand")
     assert receive_links(sb, path) == 1
     sb.server.drop_connections()
@@ -153,8 +145,7 @@ async def test_an_old_delivery_settled_after_a_reconnect_never_settles_a_message
     queue = sb.create_queue(lock_duration=LOCK * 4)
     await sb.send_bodies(b"old-0", b"old-1")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=3.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=8)  # free slots: the pump sees the drop
+    consumer = await sb.subscribe(holder, prefetch=8, settle_timeout=3.0)  # free slots: the pump sees drops
     await holder.have("old-0", "old-1")
     sb.server.drop_connections()
     await eventually(lambda: consumer.counters["reconnects"] == 1, within=10, what="the new receiver")
@@ -187,8 +178,7 @@ async def test_a_receive_throttled_twice_in_a_row_strands_nothing_and_the_pump_g
     queue = sb.create_queue(lock_duration=LOCK)
     await sb.send_bodies(b"first")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=2.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=4)
+    consumer = await sb.subscribe(holder, prefetch=4, settle_timeout=2.0)
     await holder.have("first")
     sb.server.throttle(sb.queue, "receive", 2)
     await eventually(lambda: consumer.counters["reconnects"] == 2, within=15, what="two new receivers")
@@ -216,8 +206,7 @@ async def test_a_replacement_receiver_whose_connection_drops_as_it_opens_is_repl
     queue = sb.create_queue(lock_duration=LOCK * 4)
     await sb.send_bodies(b"a", b"b", b"c")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=3.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=3)  # every slot taken: the pump is idle
+    consumer = await sb.subscribe(holder, prefetch=3, settle_timeout=3.0)  # all slots taken: the pump is idle
     await holder.have("a", "b", "c")
     real_open = EntityPump.open
     opened = 0
@@ -253,8 +242,7 @@ async def test_a_lock_that_lapsed_during_the_outage_is_reported_lost_and_its_red
     queue = sb.create_queue(lock_duration=LOCK)
     await sb.send_bodies(b"x")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=2.0, renew_locks=False)
-    await consumer.subscribe(sb.queue, holder, prefetch=1)
+    consumer = await sb.subscribe(holder, prefetch=1, settle_timeout=2.0, renew_locks=False)
     await holder.have("x")
     first = holder.one("x")
     sb.server.drop_connections()
@@ -280,8 +268,7 @@ async def test_closing_the_consumer_while_a_replacement_receiver_cannot_be_opene
     queue = sb.create_queue(lock_duration=LOCK * 4)
     await sb.send_bodies(b"x")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=2.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=1)
+    consumer = await sb.subscribe(holder, prefetch=1, settle_timeout=2.0)
     await holder.have("x")
     namespace = sb.server.namespace
     with namespace.lock:
@@ -318,8 +305,7 @@ async def test_a_renewal_that_meets_the_lock_its_own_ack_just_released_is_no_los
     queue = sb.create_queue(lock_duration=LOCK * 4)
     await sb.send_bodies(b"x")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=3.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=2)  # a free slot: the pump is receiving
+    consumer = await sb.subscribe(holder, prefetch=2, settle_timeout=3.0)  # a free slot: the pump receives
     await holder.have("x")
     delivery = holder.one("x")
     if link != "its own link":
@@ -344,8 +330,7 @@ async def test_a_delayed_retry_after_a_drop_is_not_lost_to_the_copy_sender_that_
     queue = sb.create_queue(lock_duration=LOCK * 4)
     await sb.send_bodies(b"before", b"after")
     holder = Holder()
-    consumer = sb.consumer(settle_timeout=3.0)
-    await consumer.subscribe(sb.queue, holder, prefetch=2)
+    consumer = await sb.subscribe(holder, prefetch=2, settle_timeout=3.0)
     await holder.have("before", "after")
     await holder.one("before").retry(DELAY)  # opens the copy sender
     assert consumer.counters["retry_copies"] == 1

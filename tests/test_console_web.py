@@ -45,7 +45,6 @@ from tests.contract.sqs_driver import SQSDriver
 from tests.harness import throwaway_schema
 from tests.resilience import ResilienceEnv, count
 from tests.servicebus_server import ServiceBusTestServer
-from tests.servicebus_server.fixtures import sb_server_fixture  # noqa: F401 - fixture
 
 playwright_api = pytest.importorskip("playwright.async_api")
 

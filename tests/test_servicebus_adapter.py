@@ -31,13 +31,7 @@ from consumer_kit.adapters.servicebus.connection import Connection
 from consumer_kit.adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
 from consumer_kit.brokers import adapter_for
 from consumer_kit.errors import ConfigurationError
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import Received, SBEnv, eventually
 from tests.tcp_proxy import TcpProxy
 
 # seconds: the lock of the tests about locks, Service Bus's shortest (the test server refuses
@@ -172,8 +166,7 @@ async def test_ack_completes_and_the_delivery_carries_the_broker_fields(sb: SBEn
         application_properties={"tenant-id": "acme", "attempt": 3},
     ))
     received = Received(lambda d: d.ack())
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=2)
+    consumer = await sb.subscribe(received, prefetch=2)
     delivery = await received.next()
     await eventually(lambda: sb.entity().messages == [], within=5, what="the message to be completed")
     assert (delivery.message_id, delivery.body, delivery.delivery_count) == ("m-1", b'{"order": 1}', 1)
@@ -198,8 +191,7 @@ async def test_retry_now_is_our_own_give_back_and_release_an_uncounted_copy(sb: 
             await delivery.ack()
 
     received = Received(settle)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     deliveries = await received.take(3)
     assert [(d.delivery_count, d.redelivered) for d in deliveries] == [(1, False), (2, False), (2, False)]
     assert len({d.message_id for d in deliveries}) == 1  # the copy reports the original id
@@ -224,8 +216,7 @@ async def test_a_give_back_whose_reply_is_lost_stays_our_own_give_back(sb: SBEnv
             await delivery.ack()
 
     received = Received(settle)
-    consumer = sb.consumer(settle_timeout=1.0)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, settle_timeout=1.0)
     first, again = await received.take(2)
     assert sb.entity().settlement_replies_lost == 1  # the abandon was applied, unanswered
     assert first.lost  # the settlement did not answer within settle_timeout
@@ -245,8 +236,7 @@ async def test_an_unsettled_delivery_lapses_and_comes_back_as_a_suspect(sb: SBEn
             await delivery.ack()
 
     received = Received(settle)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
     await eventually(lambda: first.released.is_set(), within=5, what="the unsettled hand-back")
     sb.advance_broker_clock(LOCK)  # the lock's time passes on the broker: it lapses, unrenewed
@@ -270,16 +260,14 @@ async def test_a_release_on_a_queue_is_uncounted_in_any_process_and_a_suspect_st
         await delivery.release()
 
     releasing = Received(release_later)
-    first = sb.consumer()
-    await first.subscribe(sb.queue, releasing, prefetch=2)
+    first = await sb.subscribe(releasing, prefetch=2)
     await releasing.take(3)  # healthy; crashed; crashed again, as a suspect
     await first.pause()  # the first consumer takes nothing more: the second one gets the releases
     go.set()
     await eventually(lambda: first.counters["release_copies"] == 2, within=5, what="the releases")
     await first.close()
     acking = Received(lambda d: d.ack())
-    second = sb.consumer()
-    await second.subscribe(sb.queue, acking, prefetch=2)
+    await sb.subscribe(acking, prefetch=2)
     after = {d.message_id: (d.delivery_count, d.redelivered) for d in await acking.take(2)}
     assert after == {healthy: (1, False), crashed: (2, True)}
 
@@ -288,11 +276,8 @@ async def test_an_abandon_seen_by_another_consumer_is_a_false_suspect(sb: SBEnv)
     """What is remembered is this process's own abandons (here a release on a subscription, which
     cannot take a copy): another process takes the redelivery for a possible crash. It costs
     running alone once; a real crash is never missed."""
-    topic = sb.queue + "-topic"
-    sb.server.create_topic(topic)
-    sb.server.create_subscription(topic, "audit", lock_duration=30)
-    path = f"{topic}/Subscriptions/audit"
-    await sb.send_bodies(b"x", entity=topic)
+    path = sb.create_subscription("audit", lock_duration=30).path
+    await sb.send_bodies(b"x", entity=sb.topic)
     go = asyncio.Event()
 
     async def release_later(delivery: ServiceBusDelivery) -> None:
@@ -300,16 +285,14 @@ async def test_an_abandon_seen_by_another_consumer_is_a_false_suspect(sb: SBEnv)
         await delivery.release()
 
     releasing = Received(release_later)
-    first = sb.consumer()
-    await first.subscribe(path, releasing, prefetch=1)
+    first = await sb.subscribe(releasing, path, prefetch=1)
     await releasing.next()
     await first.pause()
     go.set()
     await eventually(lambda: first.counters["given_back"] == 1, within=5, what="the release")
     await first.close()
     acking = Received(lambda d: d.ack())
-    second = sb.consumer()
-    await second.subscribe(path, acking, prefetch=1)
+    await sb.subscribe(acking, path, prefetch=1)
     delivery = await acking.next()
     assert (delivery.delivery_count, delivery.redelivered) == (2, True)
 
@@ -320,8 +303,7 @@ async def test_a_delayed_retry_on_a_queue_is_a_scheduled_copy(sb: SBEnv) -> None
     delay = 0.8
 
     received = Received(retry_once(delay))
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
     again = await received.next()
     # The copy as received (not polled while scheduled: on a loaded machine sending it can take
@@ -348,8 +330,7 @@ async def test_a_retry_copy_too_large_for_the_queue_is_abandoned_at_once(sb: SBE
     await sb.send(ServiceBusMessage(body, message_id="big"))
 
     received = Received(retry_once(30))
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first, again = await received.take(2, timeout=10)  # not 30 s later: the delay is given up, not the message
     assert (again.message_id, again.delivery_count, again.redelivered) == ("big", 2, False)
     assert first.lost is False and queue.scheduled == []
@@ -375,8 +356,7 @@ async def test_dead_letter_reason_and_description_are_read_from_the_dead_letter_
     [message_id] = await sb.send_bodies(b"bad")
     reason = "invalid_json" + "!" * 2000
     received = Received(lambda d: d.dead_letter(reason, "line 1: expecting value"))
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     await received.next()
     [dead] = await sb.dead_letters(1)
     assert dead.message_id == message_id
@@ -396,8 +376,7 @@ async def test_a_dead_letter_on_a_queue_keeps_its_reason_within_the_size_limit(s
     entity = sb.create_queue(max_message_size=limit)
     await sb.send(ServiceBusMessage(body, message_id="big"))
     received = Received(lambda d: d.dead_letter("invalid_json", "why: " + "w" * 1000))
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     delivery = await received.next()
     await eventually(lambda: len(entity.dead_letters) == 1, within=5, what="the dead letter")
     [dead] = entity.dead_letters
@@ -424,8 +403,7 @@ async def test_renewal_keeps_a_handler_longer_than_its_lock_owning_its_delivery(
         await delivery.ack()
 
     received = Received(slow)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     delivery = await received.next()
     await eventually(lambda: queue.messages == [], within=2 * LOCK + 5, what="the completion")
     assert lapsed == []
@@ -450,8 +428,7 @@ async def test_deliveries_waiting_for_a_slot_keep_their_locks(sb: SBEnv) -> None
             await delivery.ack()
 
     received = Received(serial)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=3)
+    await sb.subscribe(received, prefetch=3)
     await eventually(lambda: sb.entity().messages == [], within=2 * LOCK + 5, what="all three completions")
     assert sorted(d.body for d in received.deliveries) == [b"a", b"b", b"c"]
     assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
@@ -468,8 +445,7 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
         await delivery.ack()
 
     received = Received(settle)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
     queue.expire_all_locks(time.time())
     await eventually(lambda: queue.locked_count == 0, within=3, what="the server to drop the lock")
@@ -488,8 +464,7 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
 async def test_pause_stops_receiving_and_resume_goes_on(sb: SBEnv) -> None:
     queue = sb.create_queue(lock_duration=30)
     received = Received(lambda d: d.ack())
-    consumer = sb.consumer(receive_wait=0.2)
-    await consumer.subscribe(sb.queue, received, prefetch=2)
+    consumer = await sb.subscribe(received, prefetch=2, receive_wait=0.2)
     await consumer.pause()
     await sb.send_bodies(b"while paused")
     with pytest.raises(TimeoutError):  # nothing is received while paused (bounded absence check)
@@ -533,15 +508,12 @@ async def test_subscribing_to_a_missing_entity_fails_fast(sb: SBEnv) -> None:
 
 async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEnv) -> None:
     """A subscription cannot take a copy: the lock is held (renewed) for the delay, then abandoned."""
-    topic = sb.queue + "-topic"
-    sb.server.create_topic(topic)
-    subscription = sb.server.create_subscription(topic, "audit", lock_duration=LOCK)
-    await sb.send_bodies(b"x", entity=topic)
+    subscription = sb.create_subscription("audit", lock_duration=LOCK)
+    await sb.send_bodies(b"x", entity=sb.topic)
     delay = 1.3 * LOCK  # real time (the adapter holds the retry on its own timer), past one lock
 
     received = Received(retry_once(delay))
-    consumer = sb.consumer()
-    await consumer.subscribe(f"{topic}/Subscriptions/audit", received, prefetch=1)
+    consumer = await sb.subscribe(received, subscription.path, prefetch=1)
     await received.next()
     held_at = time.monotonic()
     await asyncio.sleep(LOCK + 0.3)  # past the first lock's expiry: the time itself is under test
@@ -549,7 +521,7 @@ async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEn
     again = await received.next()
     assert time.monotonic() - held_at >= delay - 0.2
     assert (again.delivery_count, again.redelivered) == (2, False)
-    assert consumer.counters["held_retries"] == 1 and sb.server.entity(topic).scheduled == []
+    assert consumer.counters["held_retries"] == 1 and sb.server.entity(sb.topic).scheduled == []
 
 
 @pytest.mark.parametrize("state", ["paused", "slots full"])
@@ -565,8 +537,7 @@ async def test_a_queue_pump_told_to_stop_ends_even_if_its_cancellation_is_lost(s
         in_hand.set()
         await asyncio.Event().wait()  # never settles
 
-    consumer = sb.consumer(settle_timeout=1.0)
-    await consumer.subscribe(sb.queue, Received(handle), prefetch=1)
+    consumer = await sb.subscribe(Received(handle), prefetch=1, settle_timeout=1.0)
     await asyncio.wait_for(in_hand.wait(), 10)
     if state == "paused":
         await consumer.pause()

@@ -13,13 +13,7 @@ from azure.servicebus import ServiceBusMessage
 
 from consumer_kit.adapters.servicebus import ServiceBusDelivery
 from consumer_kit.adapters.servicebus.delivery import EXPIRES_BEFORE_RETRY
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import Received, SBEnv, eventually
 
 LOCK = 5.0  # seconds: Service Bus's shortest lock duration
 
@@ -50,9 +44,8 @@ async def test_renewal_keeps_the_lock_whatever_the_skew_between_worker_and_broke
                 await asyncio.sleep(0.05)
             await delivery.ack()
 
-        consumer = sb.consumer(session_entities=[sb.queue] if sessions else [])
         received = Received(slow)
-        await consumer.subscribe(sb.queue, received, prefetch=1)
+        consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
         delivery = await received.next()
         await eventually(lambda: queue.messages == [], within=4 * LOCK, what="the completion")
     finally:
@@ -71,9 +64,8 @@ async def test_a_held_retry_that_would_outlive_the_ttl_is_dead_lettered_with_a_r
     on expiry): the adapter dead-letters it at once with ``expires_before_retry`` instead."""
     queue = sb.create_queue(lock_duration=LOCK, requires_session=True)  # no dead-lettering on expiry
     await sb.send(ServiceBusMessage(b"x", session_id="s1", time_to_live=dt.timedelta(seconds=20)))
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(lambda d: d.retry(60))
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     await received.next()
     await eventually(lambda: len(queue.dead_letters) == 1, within=10, what="the dead letter")
     (dead,) = queue.dead_letters
@@ -85,9 +77,8 @@ async def test_a_held_retry_that_would_outlive_the_ttl_is_dead_lettered_with_a_r
 async def test_a_held_retry_within_the_ttl_is_held_and_comes_back(sb: SBEnv) -> None:
     queue = sb.create_queue(lock_duration=LOCK, requires_session=True)
     await sb.send(ServiceBusMessage(b"x", session_id="s1", time_to_live=dt.timedelta(seconds=120)))
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(lambda d: d.ack() if d.delivery_count > 1 else d.retry(1.0))
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     first, again = await received.take(2)
     assert (first.delivery_count, again.delivery_count) == (1, 2)
     await eventually(lambda: queue.messages == [], within=5, what="the completion")
@@ -99,9 +90,8 @@ async def test_a_retry_copy_keeps_only_what_is_left_of_the_ttl(sb: SBEnv) -> Non
     restart the clock at every retry (a message that never expires). It gets what is left."""
     queue = sb.create_queue(lock_duration=LOCK)
     await sb.send(ServiceBusMessage(b"x", time_to_live=dt.timedelta(seconds=60)))
-    consumer = sb.consumer()
     received = Received(lambda d: d.ack() if d.delivery_count > 1 else d.retry(1.0))
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await sb.subscribe(received, prefetch=1)
     first, again = await received.take(2)
     original, copy = first._message, again._message
     assert original.expires_at_utc is not None and copy.expires_at_utc is not None
@@ -113,9 +103,8 @@ async def test_a_retry_copy_keeps_only_what_is_left_of_the_ttl(sb: SBEnv) -> Non
 async def test_a_retry_copy_that_would_be_due_after_the_ttl_is_dead_lettered(sb: SBEnv) -> None:
     queue = sb.create_queue(lock_duration=LOCK, default_message_time_to_live=15)
     await sb.send(ServiceBusMessage(b"x"))
-    consumer = sb.consumer()
     received = Received(lambda d: d.retry(30))
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     await received.next()
     await eventually(lambda: len(queue.dead_letters) == 1, within=10, what="the dead letter")
     assert queue.dead_letters[0].dead_letter_reason == EXPIRES_BEFORE_RETRY
@@ -142,7 +131,7 @@ async def test_a_diagnostic_id_alone_carries_the_trace_context(sb: SBEnv) -> Non
         ServiceBusMessage(b"c", message_id="c", application_properties={"Diagnostic-Id": other, "traceparent": parent}),
     )
     received = Received(lambda d: d.ack())
-    await sb.consumer().subscribe(sb.queue, received, prefetch=3)
+    await sb.subscribe(received, prefetch=3)
     by_id = {d.message_id: d for d in await received.take(3)}
 
     def trace_id(headers: dict[str, object]) -> str | None:
@@ -178,9 +167,8 @@ async def test_settling_after_the_connection_dropped_neither_loses_nor_acks_twic
             await dropped.wait()
         await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue] if sessions else [])
     received = Received(settle)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
     first = await received.next()
     sb.server.drop_connections()
     if not sessions:
@@ -216,9 +204,8 @@ async def test_a_queue_delivery_whose_connection_dropped_is_acked_by_lock_token_
         await dropped.wait()
         await delivery.ack()
 
-    consumer = sb.consumer()
     received = Received(settle)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
     sb.server.drop_connections()
     dropped.set()

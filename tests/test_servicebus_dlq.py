@@ -34,7 +34,7 @@ from tests.contract.conftest import Contract
 from tests.contract.servicebus_driver import ServiceBusDriver
 from tests.harness import throwaway_schema
 from tests.servicebus_server import MessageSnapshot, ServiceBusTestServer
-from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, SBEnv, sb_fixture, sb_server_fixture  # noqa: F401
+from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, SBEnv
 
 pytestmark = [pytest.mark.postgres]
 
@@ -163,10 +163,8 @@ async def test_a_missing_queue_and_a_subscription_redrive_are_user_errors(
 
 
 @pytest.fixture
-async def dead(sb: SBEnv) -> AsyncIterator[ServiceBusDeadLetters]:
-    letters = ServiceBusDeadLetters(sb.namespace, receive_wait=0.3)
-    yield letters
-    await letters.close()
+def dead(sb: SBEnv) -> ServiceBusDeadLetters:
+    return sb.dead_letter_reader(receive_wait=0.3)
 
 
 def letter_message(message_id: str, session_id: str | None = None) -> ServiceBusMessage:
@@ -184,18 +182,6 @@ def properties(snapshot: MessageSnapshot) -> dict[str, Any]:
     return {text(k): text(v) for k, v in snapshot.application_properties.items()}
 
 
-async def dead_letter(sb: SBEnv, queue: str, count: int, *, session_id: str | None = None, reason: str = REASON) -> None:
-    """Receive ``count`` messages of ``queue`` and dead-letter them as the adapter does (reason and
-    description)."""
-    options: dict[str, Any] = {"session_id": session_id} if session_id else {}
-    async with asyncio.timeout(SDK_CALL_TIMEOUT), sb.receiver(queue, prefetch=count, **options) as receiver:
-        done = 0
-        while done < count:
-            for message in await receiver.receive_messages(max_message_count=count - done, max_wait_time=1):
-                await receiver.dead_letter_message(message, reason=reason, error_description=DETAIL)
-                done += 1
-
-
 async def test_a_redriven_copy_keeps_its_session_and_operation_and_drops_the_dead_letter_marks(
     sb: SBEnv, dead: ServiceBusDeadLetters, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -210,7 +196,7 @@ async def test_a_redriven_copy_keeps_its_session_and_operation_and_drops_the_dea
                                          "x-consumer-kit-deliveries": 2, "x-consumer-kit-redelivered": 1},
                                         b'{"id": "m-2"}'),  # signed, as the adapter signs a copy
     ))
-    await dead_letter(sb, sb.queue, 2, session_id="order-7")
+    await sb.receive_and_dead_letter(2, reason=REASON, description=DETAIL, session_id="order-7")
 
     letters = {d.message_id: d for d in await dead.peek(sb.queue)}
     assert set(letters) == {"m-1", "m-2"}
@@ -263,7 +249,7 @@ async def test_kept_and_late_dead_letters_stay_and_a_chosen_one_never_received_f
     assert dlq is not None
     for name in ("a", "b", "c"):
         await sb.send(letter_message(name))
-    await dead_letter(sb, sb.queue, 3)
+    await sb.receive_and_dead_letter(3, reason=REASON, description=DETAIL)
     await sb.send(letter_message("late"))
     # A plain synchronous client: progress runs on the event loop and cannot await.
     producer = SyncClient.from_connection_string(sb.server.connection_string, retry_total=0)
@@ -305,7 +291,7 @@ async def test_a_copy_that_no_longer_fits_is_left_in_the_dead_letter_queue(
 ) -> None:
     queue = sb.create_queue()
     await sb.send(ServiceBusMessage(b"x" * 4000, message_id="big", application_properties={"operation-id": "op-big"}))
-    await dead_letter(sb, sb.queue, 1)
+    await sb.receive_and_dead_letter(1, reason=REASON, description=DETAIL)
     queue.configure(max_message_size=2000)  # the queue's limit shrank meanwhile
     report = await dead.redrive(sb.queue, lambda d: True)
     assert (report.redriven, report.kept, report.failed) == (0, 0, 1)
@@ -322,7 +308,7 @@ async def test_subscriptions_are_listed_and_counted_but_never_redriven(
     second = sb.server.create_subscription(unique_name, "audit")
     await sb.send(letter_message("m-1"), entity=unique_name)
     path = f"{unique_name}/Subscriptions/ledger"
-    await dead_letter(sb, path, 1)
+    await sb.receive_and_dead_letter(1, path, reason=REASON, description=DETAIL)
 
     (letter,) = await dead.peek(path)
     assert (letter.message_id, letter.reason, letter.queue) == ("m-1", REASON, path)

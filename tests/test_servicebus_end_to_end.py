@@ -37,12 +37,7 @@ from examples.invoices.app import CreateInvoice, CreateInvoiceHandler
 from tests.broker_env import command
 from tests.harness import fetch_all, throwaway_schema
 from tests.servicebus_server import Queue
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SBEnv, eventually
 from tests.test_relay_support import Event, connect, write_events
 
 pytestmark = pytest.mark.postgres
@@ -307,10 +302,9 @@ async def test_shutdown_gives_running_and_waiting_deliveries_back_at_once(world:
 async def test_the_relay_publishes_a_batch_with_event_ids_and_partition_keys_and_parks_an_oversized_event(
     sb: SBEnv, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topic = sb.queue + "-events"
-    limit = 64 * 1024
-    sb.server.create_topic(topic, max_message_size=limit)
-    ledger = sb.server.create_subscription(topic, "ledger")
+    topic, limit = sb.topic, 64 * 1024
+    sb.create_topic(max_message_size=limit)
+    ledger = sb.create_subscription("ledger")
     events = [Event(topic, partition_key=f"customer-{n}", payload={"n": n}) for n in range(10)]
     oversized = Event(topic, partition_key="customer-big", payload={"blob": "blob-" + "x" * 100_000})
     async with throwaway_schema(database_url) as schema:

@@ -17,15 +17,8 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from consumer_kit.adapters.servicebus.envelope import DEAD_LETTER_DESCRIPTION_MAX_CHARS
-from consumer_kit.publishing import OutgoingMessage, PublishError
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SDK_CALL_TIMEOUT,
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from consumer_kit.publishing import PublishError
+from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, Received, SBEnv, eventually, outgoing_event
 
 KB = 1024
 
@@ -70,18 +63,15 @@ async def test_the_adapter_cuts_a_dead_letter_description_to_the_room_the_header
     description (4096 characters) is cut to fit, and Service Bus takes the dead-letter at once."""
     properties = {"a": "v" * (30 * KB), "b": "v" * (30 * KB)}
     if on_subscription:
-        topic = sb.queue + "-topic"
-        sb.server.create_topic(topic)
-        entity = sb.server.create_subscription(topic, "audit", lock_duration=30)
-        path, send_to = f"{topic}/Subscriptions/audit", topic
+        entity = sb.create_subscription("audit", lock_duration=30)
+        path, send_to = entity.path, sb.topic
     else:
         entity = sb.create_queue(lock_duration=30)
         path, send_to = sb.queue, sb.queue
     await sb.send(ServiceBusMessage(b"{}", message_id="m", application_properties=properties), entity=send_to)
     reason, detail = "invalid_json", "why: " + "w" * DEAD_LETTER_DESCRIPTION_MAX_CHARS
     received = Received(lambda d: d.dead_letter(reason, detail))
-    consumer = sb.consumer()
-    await consumer.subscribe(path, received, prefetch=1)
+    consumer = await sb.subscribe(received, path, prefetch=1)
     delivery = await received.next()
     await eventually(lambda: len(entity.dead_letters) == 1, within=5, what="the dead letter")
     [dead] = entity.dead_letters
@@ -95,20 +85,9 @@ async def test_the_adapter_cuts_a_dead_letter_description_to_the_room_the_header
 async def test_the_publisher_refuses_an_event_whose_headers_break_a_limit_naming_it(sb: SBEnv) -> None:
     queue = sb.create_queue()
     publisher = sb.publisher()
-
-    def event(n: int, **headers: str) -> OutgoingMessage:
-        return OutgoingMessage(
-            destination=sb.queue,
-            routing_key="invoice.created",
-            message_id=f"00000000-0000-4000-8000-{n:012d}",
-            body=b"{}",
-            message_type="InvoiceCreated",
-            headers=headers,
-        )
-
-    too_long = event(1, note="n" * (33 * KB))
-    too_many = event(2, **{f"h{n}": "n" * (20 * KB) for n in range(4)})
-    fine = event(3, note="n" * (20 * KB))
+    too_long = outgoing_event(1, sb.queue, headers={"note": "n" * (33 * KB)})
+    too_many = outgoing_event(2, sb.queue, headers={f"h{n}": "n" * (20 * KB) for n in range(4)})
+    fine = outgoing_event(3, sb.queue, headers={"note": "n" * (20 * KB)})
     outcomes = await asyncio.gather(
         *(publisher.publish(e) for e in (too_long, too_many, fine)), return_exceptions=True
     )

@@ -22,34 +22,15 @@ import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.exceptions import ServiceBusError
 
-from consumer_kit.adapters.servicebus import ServiceBusDeadLetters, ServiceBusDelivery, dead_letters
+from consumer_kit.adapters.servicebus import ServiceBusDelivery, dead_letters
 from consumer_kit.publishing import OutgoingMessage
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SDK_CALL_TIMEOUT,
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, Received, SBEnv, eventually, outgoing_event
 
 SHIFT = 48  # the partition id sits in a sequence number's topmost 16 bits
 
 
 def partition(sequence_number: int) -> int:
     return sequence_number >> SHIFT
-
-
-def event(n: int, destination: str, partition_key: str | None = None) -> OutgoingMessage:
-    return OutgoingMessage(
-        destination=destination,
-        routing_key="invoice.created",
-        message_id=f"00000000-0000-4000-8000-{n:012d}",
-        body=b'{"n": 1}',
-        message_type="InvoiceCreated",
-        headers={},
-        partition_key=partition_key,
-    )
 
 
 # -- the server: numbers, keys, the batch rule, peeks ---------------------------------------------
@@ -115,15 +96,6 @@ async def test_a_peek_answers_with_one_partition_so_jumping_past_the_highest_ski
 # -- the adapter's dlq browse -------------------------------------------------------------------------
 
 
-async def _dead_letter_all(sb: SBEnv, count: int) -> None:
-    async with asyncio.timeout(SDK_CALL_TIMEOUT + count), sb.receiver(sb.queue, prefetch=count) as receiver:
-        done = 0
-        while done < count:
-            for message in await receiver.receive_messages(max_message_count=count - done, max_wait_time=2):
-                await receiver.dead_letter_message(message, reason="test", error_description="partitioned")
-                done += 1
-
-
 @pytest.mark.parametrize("page", [100, 2], ids=["one-page-a-partition", "pages-within-partitions"])
 async def test_dlq_counts_and_lists_every_partition(
     sb: SBEnv, page: int, monkeypatch: pytest.MonkeyPatch
@@ -138,18 +110,13 @@ async def test_dlq_counts_and_lists_every_partition(
                 for i in range(2)
             )
         )
-    await _dead_letter_all(sb, 10)
+    await sb.receive_and_dead_letter(10, reason="test", description="partitioned")
     assert len({partition(m.sequence_number) for m in queue.dead_letters}) > 2
-    letters = ServiceBusDeadLetters(sb.namespace, receive_wait=0.3)
-    try:
-        assert await letters.count(sb.queue) == 10
-        listed = await letters.peek(sb.queue, limit=100)
-        assert sorted(letter.message_id for letter in listed) == sorted(
-            m.message_id for m in queue.dead_letters
-        )
-        assert len(await letters.peek(sb.queue, limit=3)) == 3
-    finally:
-        await letters.close()
+    letters = sb.dead_letter_reader(receive_wait=0.3)
+    assert await letters.count(sb.queue) == 10
+    listed = await letters.peek(sb.queue, limit=100)
+    assert sorted(letter.message_id for letter in listed) == sorted(m.message_id for m in queue.dead_letters)
+    assert len(await letters.peek(sb.queue, limit=3)) == 3
 
 
 # -- the adapter's publisher --------------------------------------------------------------------------
@@ -164,9 +131,8 @@ async def test_the_publisher_keeps_to_one_key_a_batch_once_a_partitioned_queue_r
     publisher = sb.publisher()
 
     def events(start: int) -> list[OutgoingMessage]:
-        return [event(n, sb.queue, f"customer-{n % 3}") for n in range(start, start + 9)] + [
-            event(n, sb.queue) for n in range(start + 9, start + 13)
-        ]
+        keyed = [outgoing_event(n, sb.queue, partition_key=f"customer-{n % 3}") for n in range(start, start + 9)]
+        return keyed + [outgoing_event(n, sb.queue) for n in range(start + 9, start + 13)]
 
     first, second = events(0), events(100)
     with caplog.at_level(logging.WARNING):
@@ -185,7 +151,7 @@ async def test_with_duplicate_detection_a_refused_batch_is_sent_event_by_event(
 ) -> None:
     queue = sb.create_queue(enable_partitioning=True, duplicate_detection_window=60)
     publisher = sb.publisher()
-    events = [event(n, sb.queue) for n in range(3)]
+    events = [outgoing_event(n, sb.queue) for n in range(3)]
     with caplog.at_level(logging.WARNING):
         await asyncio.gather(*(publisher.publish(e) for e in events))
     assert len([r for r in caplog.records if "was refused" in r.getMessage()]) == 1
@@ -243,8 +209,7 @@ async def test_a_delayed_retry_copy_is_never_dropped_as_a_duplicate_and_gets_a_n
             await delivery.ack()
 
     received = Received(retry_then_ack)
-    consumer = sb.consumer()
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
     await eventually(lambda: consumer.counters["retry_copies"] == 1, within=5, what="the scheduled copy")
     scheduled = [m.sequence_number for m in queue.scheduled]

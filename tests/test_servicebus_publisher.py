@@ -5,25 +5,20 @@ kinds, and a refused batch isolated message by message."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from consumer_kit.publishing import OutgoingMessage, PublishError
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SBEnv,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SBEnv, outgoing_event
 
 
-def event(n: int, destination: str, *, partition_key: str | None = None, body: bytes = b'{"n": 1}',
-          routing_key: str = "invoice.created") -> OutgoingMessage:
-    return OutgoingMessage(
-        destination=destination, routing_key=routing_key, message_id=f"00000000-0000-4000-8000-{n:012d}",
-        body=body, message_type="InvoiceCreated",
-        headers={"operation-key": f"order-{n}", "correlation-id": f"corr-{n}",
-                 "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
-        partition_key=partition_key,
+def event(n: int, destination: str, **fields: Any) -> OutgoingMessage:
+    """Event ``n`` with an operation key, a correlation id and a trace context."""
+    return outgoing_event(
+        n, destination, headers={"operation-key": f"order-{n}", "correlation-id": f"corr-{n}",
+                                 "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        **fields,
     )
 
 
@@ -31,11 +26,9 @@ async def test_concurrent_publishes_leave_as_one_batch_with_the_event_fields(sb:
     """A plain entity takes a batch of several partition keys (session ids) at once; a partitioned
     one refuses it, after which the publisher keeps to one key a batch
     (test_servicebus_partitions.py)."""
-    topic = sb.queue + "-events"
-    sb.server.create_topic(topic)
-    ledger = sb.server.create_subscription(topic, "ledger")
+    ledger = sb.create_subscription("ledger")
     publisher = sb.publisher()
-    events = [event(n, topic, partition_key=f"customer-{n % 3}") for n in range(12)]
+    events = [event(n, sb.topic, partition_key=f"customer-{n % 3}") for n in range(12)]
     await asyncio.gather(*(publisher.publish(e) for e in events))
     assert [batcher.batches_sent for batcher in publisher._batchers.values()] == [1]
     assert not any(batcher.keys_apart for batcher in publisher._batchers.values())
@@ -45,7 +38,7 @@ async def test_concurrent_publishes_leave_as_one_batch_with_the_event_fields(sb:
     first = stored[0].application_properties
     assert first["message-type"] == "InvoiceCreated"
     assert (first["operation-key"], first["traceparent"]) == ("order-0", events[0].headers["traceparent"])
-    [received] = await sb.peek(f"{topic}/Subscriptions/ledger", 1)
+    [received] = await sb.peek(ledger.path, 1)
     assert (received.subject, received.correlation_id, received.content_type) == (
         "invoice.created", "corr-0", "application/json",
     )

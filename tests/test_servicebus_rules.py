@@ -18,12 +18,7 @@ from proton import Message
 
 from consumer_kit.publishing import OutgoingMessage
 from tests.servicebus_server import CorrelationFilter, FalseFilter, Rule, SqlFilter
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SDK_CALL_TIMEOUT,
-    SBEnv,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, SBEnv
 from tests.servicebus_server.sections import EncodedMessage
 
 
@@ -54,29 +49,25 @@ async def received_ids(sb: SBEnv, path: str, expected: int) -> set[str]:
 
 
 async def test_each_subscription_gets_exactly_what_its_rules_select(sb: SBEnv) -> None:
-    topic = sb.queue + "-events"
-    server = sb.server
-    server.create_topic(topic)
-    server.create_subscription(
-        topic, "created", rules=[Rule("created", CorrelationFilter(subject="invoice.created"))]
+    topic = sb.topic
+    created = sb.create_subscription(
+        "created", rules=[Rule("created", CorrelationFilter(subject="invoice.created"))]
     )
-    server.create_subscription(
-        topic,
+    paid_eu = sb.create_subscription(
         "paid-eu",
         rules=[
             Rule("paid-eu", CorrelationFilter(subject="invoice.paid", properties={"region": "eu"})),
         ],
     )
-    server.create_subscription(
-        topic,
+    uk_or_big = sb.create_subscription(
         "invoices-uk-or-big",
         rules=[
             Rule("uk", SqlFilter("sys.Label LIKE 'invoice.%' AND region IN ('uk')")),
             Rule("by-type", SqlFilter("user.[message-type] = 'RefundIssued' AND NOT EXISTS(region)")),
         ],
     )
-    server.create_subscription(topic, "all")  # $Default: the true filter
-    server.create_subscription(topic, "none", rules=[Rule("off", FalseFilter())])
+    every = sb.create_subscription("all")  # $Default: the true filter
+    none = sb.create_subscription("none", rules=[Rule("off", FalseFilter())])
     events = {
         "created-eu": event(topic, "invoice.created", "InvoiceCreated", region="eu"),
         "created-uk": event(topic, "invoice.created", "InvoiceCreated", region="uk"),
@@ -91,20 +82,17 @@ async def test_each_subscription_gets_exactly_what_its_rules_select(sb: SBEnv) -
     def of(*names: str) -> set[str]:
         return {ids[n] for n in names}
 
-    assert await received_ids(sb, f"{topic}/Subscriptions/created", 2) == of("created-eu", "created-uk")
-    assert await received_ids(sb, f"{topic}/Subscriptions/paid-eu", 1) == of("paid-eu")
+    assert await received_ids(sb, created.path, 2) == of("created-eu", "created-uk")
+    assert await received_ids(sb, paid_eu.path, 1) == of("paid-eu")
     # Two rules, one copy of a message that matches both ("created-uk" matches only the first).
-    assert await received_ids(sb, f"{topic}/Subscriptions/invoices-uk-or-big", 2) == of(
-        "created-uk", "refund"
-    )
-    assert await received_ids(sb, f"{topic}/Subscriptions/all", 5) == set(ids.values())
-    assert server.entity(f"{topic}/Subscriptions/none").messages == []
+    assert await received_ids(sb, uk_or_big.path, 2) == of("created-uk", "refund")
+    assert await received_ids(sb, every.path, 5) == set(ids.values())
+    assert none.messages == []
 
 
 async def test_rules_changed_on_a_live_subscription_apply_to_later_messages(sb: SBEnv) -> None:
-    topic = sb.queue + "-events"
-    sb.server.create_topic(topic)
-    sb.server.create_subscription(topic, "ledger")
+    topic = sb.topic
+    ledger = sb.create_subscription("ledger")
     rules = sb.server.entity(topic)
     rules.remove_rule("ledger", "$Default")  # no rule at all: the subscription takes nothing
     publisher = sb.publisher()
@@ -113,7 +101,7 @@ async def test_rules_changed_on_a_live_subscription_apply_to_later_messages(sb: 
     paid = event(topic, "invoice.paid", "InvoicePaid")
     await publisher.publish(paid)
     await publisher.publish(event(topic, "invoice.created", "InvoiceCreated"))
-    assert await received_ids(sb, f"{topic}/Subscriptions/ledger", 1) == {paid.message_id}
+    assert await received_ids(sb, ledger.path, 1) == {paid.message_id}
     with pytest.raises(ValueError, match="two rules"):
         rules.add_rule("ledger", Rule("PAID", CorrelationFilter(subject="x")))  # names are case-insensitive
 

@@ -15,31 +15,15 @@ import asyncio
 
 import pytest
 
-from consumer_kit.adapters.servicebus import ServiceBusDeadLetters
-from consumer_kit.publishing import OutgoingMessage, PublishError
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SBEnv,
-    sb_fixture,
-    sb_server_fixture,
-)
-
-
-def event(sb: SBEnv, n: int, partition_key: str | None) -> OutgoingMessage:
-    return OutgoingMessage(
-        destination=sb.queue,
-        routing_key="invoice.created",
-        message_id=f"00000000-0000-4000-8000-{n:012d}",
-        body=b"{}",
-        message_type="InvoiceCreated",
-        partition_key=partition_key,
-    )
+from consumer_kit.publishing import PublishError
+from tests.servicebus_server.fixtures import SBEnv, outgoing_event
 
 
 async def test_refused_by_service_bus_it_is_a_permanent_error_and_the_rest_of_the_batch_goes(
     sb: SBEnv,
 ) -> None:
     queue = sb.create_queue(requires_session=True, sessionless_sends="refuse")
-    keyed, keyless = event(sb, 1, "customer-1"), event(sb, 2, None)
+    keyed, keyless = outgoing_event(1, sb.queue, partition_key="customer-1"), outgoing_event(2, sb.queue)
     publisher = sb.publisher()
     outcomes = await asyncio.gather(*(publisher.publish(e) for e in (keyed, keyless)), return_exceptions=True)
     assert outcomes[0] is None
@@ -50,14 +34,10 @@ async def test_refused_by_service_bus_it_is_a_permanent_error_and_the_rest_of_th
 
 async def test_dead_lettered_by_service_bus_it_is_listed_with_its_reason(sb: SBEnv) -> None:
     queue = sb.create_queue(requires_session=True, sessionless_sends="dead-letter")
-    keyless = event(sb, 1, None)
+    keyless = outgoing_event(1, sb.queue)
     await sb.publisher().publish(keyless)  # accepted: the relay counts it published
     assert queue.messages == []
-    dead_letters = ServiceBusDeadLetters(sb.namespace, call_timeout=10)
-    try:
-        [dead] = await dead_letters.peek(sb.queue)
-    finally:
-        await dead_letters.close()
+    [dead] = await sb.dead_letter_reader(call_timeout=10).peek(sb.queue)
     assert (dead.message_id, dead.reason) == (keyless.message_id, "broker:Session id is null")
 
 
@@ -68,7 +48,7 @@ async def test_a_publisher_told_the_session_queues_refuses_it_before_sending(
     queue = sb.create_queue(requires_session=True, sessionless_sends=sessionless_sends)
     publisher = sb.publisher(session_entities=[sb.queue.upper()])  # names are case-insensitive
     with pytest.raises(PublishError, match="no partition key") as refused:
-        await publisher.publish(event(sb, 1, None))
+        await publisher.publish(outgoing_event(1, sb.queue))
     assert refused.value.permanent
-    await publisher.publish(event(sb, 2, "customer-2"))
+    await publisher.publish(outgoing_event(2, sb.queue, partition_key="customer-2"))
     assert [m.session_id for m in queue.messages] == ["customer-2"] and queue.dead_letters == []

@@ -15,13 +15,7 @@ from azure.servicebus import ServiceBusMessage
 
 from consumer_kit import supervised
 from consumer_kit.adapters.servicebus import ServiceBusConsumer, ServiceBusDelivery
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import Received, SBEnv, eventually
 
 # seconds: the session lock of the tests about locks, Service Bus's shortest (the test server
 # refuses less). The adapter renews a lock at half its time left; its timers run on real time, so
@@ -58,9 +52,8 @@ async def test_one_sessions_messages_are_handled_in_order_while_sessions_run_in_
         running.discard(session)
         await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(handle)
-    await consumer.subscribe(sb.queue, received, prefetch=3)
+    consumer = await sb.subscribe(received, prefetch=3, session_entities=[sb.queue])
     await received.take(18)
     await eventually(lambda: queue.messages == [], within=5, what="every completion")
     assert order == {s: [f"{s}-{n}" for n in range(6)] for s in ("customer-a", "customer-b", "customer-c")}
@@ -82,9 +75,8 @@ async def test_session_lock_renewal_keeps_a_handler_longer_than_its_lock(sb: SBE
                 await asyncio.sleep(0.05)
         await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(slow_first)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     first, second = await received.take(2, timeout=2 * LOCK + 10)
     await eventually(lambda: queue.messages == [], within=5, what="both completions")
     assert lapsed == []
@@ -102,9 +94,8 @@ async def test_a_lost_session_lock_is_never_acked_and_the_message_comes_back(sb:
             await lock_gone.wait()
         await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(settle)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     first = await received.next()
     queue.expire_all_locks(time.time())  # Service Bus drops the session lock (and detaches the receiver)
     await eventually(lambda: queue.session_holder("s1") is None, within=3, what="the session lock to go")
@@ -127,9 +118,8 @@ async def test_a_delayed_retry_in_a_session_is_held_and_keeps_the_order(sb: SBEn
         else:
             await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(retry_first_once)
-    await consumer.subscribe(sb.queue, received, prefetch=2)
+    consumer = await sb.subscribe(received, prefetch=2, session_entities=[sb.queue])
     deliveries = await received.take(3, timeout=delay + 10)
     assert [(d.body, d.delivery_count, d.redelivered) for d in deliveries] == [
         (b"s1-0", 1, False), (b"s1-0", 2, False), (b"s1-1", 1, False),
@@ -152,9 +142,8 @@ async def test_an_unsettled_session_delivery_gives_the_session_up_and_comes_back
         if delivery.redelivered:
             await delivery.ack()
 
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(crash_first)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     first, again = await received.take(2)
     assert (first.settlement, first.delivery_count, first.redelivered) == (None, 1, False)
     assert (again.delivery_count, again.redelivered) == (1, True)  # Azure: (1, False) without the mark
@@ -165,9 +154,8 @@ async def test_an_unsettled_session_delivery_gives_the_session_up_and_comes_back
 async def test_a_session_given_up_cleanly_leaves_no_suspect(sb: SBEnv) -> None:
     """Sessions taken again and again (settled, emptied, paused) never make a false suspect."""
     queue = sb.create_queue(requires_session=True, lock_duration=30)
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(lambda d: d.ack())
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     for round_ in range(3):
         await sb.send(ServiceBusMessage(f"s1-{round_}".encode(), session_id="s1"))
         delivery = await received.next()
@@ -189,9 +177,8 @@ async def test_a_foreign_session_state_is_kept_and_the_first_delivery_runs_alone
         sb.queue, session_id="s1", prefetch_count=1, keep_alive=0, socket_timeout=0.05
     ) as receiver:
         await receiver.session.set_state(b"app-state")
-    consumer = sb.consumer(session_entities=[sb.queue])
     received = Received(lambda d: d.ack())
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    await sb.subscribe(received, prefetch=1, session_entities=[sb.queue])
     first, second = await received.take(2)
     assert [(d.body, d.redelivered) for d in (first, second)] == [(b"s1-0", True), (b"s1-1", False)]
     await eventually(lambda: queue.messages == [], within=5, what="both completions")
@@ -228,9 +215,10 @@ async def _slot_waiting(sb: SBEnv, state: str, *, receive_wait: float) -> tuple[
 
     if state in ("receiving", "handling", "crash loop"):
         await sb.send(ServiceBusMessage(b"x", session_id="s-1"))
-    consumer = sb.consumer(settle_timeout=SETTLE, receive_wait=receive_wait, session_entities=[sb.queue])
     received = Received(handle)
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(
+        received, prefetch=1, settle_timeout=SETTLE, receive_wait=receive_wait, session_entities=[sb.queue]
+    )
     pumps = consumer._pumps[sb.queue]
     slot = pumps._slots[0]
     if state == "accepting":  # no session has messages: the accept waits for one

@@ -16,19 +16,11 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusServerBusyError
 
-from consumer_kit.adapters.servicebus import ServiceBusDeadLetters, ServiceBusDelivery, ServiceBusPublisher
+from consumer_kit.adapters.servicebus import ServiceBusDelivery, ServiceBusPublisher
 from consumer_kit.outbox_relay import Relay
 from consumer_kit.outbox_relay.settings import RelaySettings
-from consumer_kit.publishing import OutgoingMessage
 from tests.harness import throwaway_schema
-from tests.servicebus_server.fixtures import (  # noqa: F401 - fixtures
-    SDK_CALL_TIMEOUT,
-    Received,
-    SBEnv,
-    eventually,
-    sb_fixture,
-    sb_server_fixture,
-)
+from tests.servicebus_server.fixtures import SDK_CALL_TIMEOUT, Received, SBEnv, eventually, outgoing_event
 from tests.test_relay_support import Event, connect, write_events
 
 
@@ -52,8 +44,7 @@ async def test_a_throttled_complete_is_made_again_on_the_same_lock_and_costs_no_
     await sb.send_bodies(b"a", b"b")
     sb.server.throttle(sb.queue, "settle", 2)  # the first two dispositions refused, not applied
     received = Received(lambda d: d.ack())
-    consumer = sb.consumer(settle_timeout=5.0)
-    await consumer.subscribe(sb.queue, received, prefetch=2)
+    consumer = await sb.subscribe(received, prefetch=2, settle_timeout=5.0)
     deliveries = await received.take(2)
     await eventually(lambda: sb.entity().messages == [], within=10, what="both completions")
     assert sb.server.throttled(sb.queue, "settle") == 2
@@ -81,8 +72,7 @@ async def test_a_throttled_receive_is_waited_out_and_the_delivery_in_hand_still_
         await delivery.ack()
 
     received = Received(settle)
-    consumer = sb.consumer(settle_timeout=2.0)
-    await consumer.subscribe(sb.queue, received, prefetch=2)
+    consumer = await sb.subscribe(received, prefetch=2, settle_timeout=2.0)
     first = await received.next()
     sb.server.throttle(sb.queue, "receive", 1)
     await eventually(lambda: sb.server.throttled(sb.queue, "receive") == 1, within=5, what="a throttled receive")
@@ -116,8 +106,9 @@ async def test_a_throttled_lock_renewal_is_tried_again_and_the_lock_holds(sb: SB
         await delivery.ack()
 
     received = Received(slow)
-    consumer = sb.consumer(settle_timeout=2.0, session_entities=[sb.queue] if sessions else [])
-    await consumer.subscribe(sb.queue, received, prefetch=1)
+    consumer = await sb.subscribe(
+        received, prefetch=1, settle_timeout=2.0, session_entities=[sb.queue] if sessions else []
+    )
     delivery = await received.next()
     await eventually(lambda: consumer.counters["renewals"] >= 1, within=10, what="a renewal after the throttled one")
     renewed.set()
@@ -130,19 +121,15 @@ async def test_a_throttled_publish_is_sent_again_and_stored_once(sb: SBEnv) -> N
     sb.create_queue()
     sb.server.throttle(sb.queue, "send", 1)
     publisher = sb.publisher(confirm_timeout=5.0)
-    message = OutgoingMessage(
-        destination=sb.queue, routing_key="thing.happened", message_id="00000000-0000-4000-8000-000000000001",
-        body=b'{"n": 1}', message_type="ThingHappened", headers={},
-    )
+    message = outgoing_event(1, sb.queue, routing_key="thing.happened", message_type="ThingHappened")
     await publisher.publish(message)
     assert [m.message_id for m in sb.entity().messages] == [message.message_id]
     assert sb.server.throttled(sb.queue, "send") == 1
 
 
 async def test_the_relay_publishes_every_event_once_through_a_throttled_send(sb: SBEnv, database_url: str) -> None:
-    topic = sb.queue + "-events"
-    sb.server.create_topic(topic)
-    ledger = sb.server.create_subscription(topic, "ledger")
+    topic = sb.topic
+    ledger = sb.create_subscription("ledger")
     events = [Event(topic, partition_key=f"customer-{n}", payload={"n": n}) for n in range(5)]
     sb.server.throttle(topic, "send", 1)  # the pass's batch refused once
     async with throwaway_schema(database_url) as schema:
@@ -166,16 +153,9 @@ async def test_the_relay_publishes_every_event_once_through_a_throttled_send(sb:
 async def test_dlq_count_peeks_again_through_a_throttled_peek(sb: SBEnv) -> None:
     sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"a", b"b", b"c")
-    async with asyncio.timeout(SDK_CALL_TIMEOUT), sb.receiver(sb.queue, prefetch=3) as receiver:
-        found = await receiver.receive_messages(max_message_count=3, max_wait_time=2)
-        for message in found:  # one at a time: the SDK needs its settlements in order
-            await receiver.dead_letter_message(message, reason="poison")
+    await sb.receive_and_dead_letter(3, reason="poison")
     assert len(sb.entity().dead_letters) == 3
     dead_letters = f"{sb.queue}/$DeadLetterQueue"
     sb.server.throttle(dead_letters, "peek", 1)
-    letters = ServiceBusDeadLetters(sb.namespace, receive_wait=0.3)
-    try:
-        assert await letters.count(sb.queue) == 3
-    finally:
-        await letters.close()
+    assert await sb.dead_letter_reader(receive_wait=0.3).count(sb.queue) == 3
     assert sb.server.throttled(dead_letters, "peek") == 1

@@ -25,7 +25,6 @@ from tests.contract.rabbitmq_driver import RabbitMQDriver
 from tests.contract.servicebus_driver import ServiceBusDriver
 from tests.contract.sqs_driver import SQSDriver
 from tests.harness import fetch_all, throwaway_schema
-from tests.servicebus_server.fixtures import sb_server_fixture  # noqa: F401 - fixture
 
 DRIVERS: dict[str, Callable[[pytest.FixtureRequest, str], Driver]] = {
     "memory": lambda request, queue: MemoryDriver(queue),

@@ -17,7 +17,6 @@ import pytest
 from consumer_kit.adapters.memory import get_broker
 from tests.contract.moto_server import sqs_endpoint, sqs_url  # noqa: F401 - fixture
 from tests.hostile.bookkeeping import CASE_HEADER, SKIP, TABLE, Broker, nested, run_matrix
-from tests.servicebus_server.fixtures import sb_fixture, sb_server_fixture  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.postgres
 

@@ -1,11 +1,14 @@
-"""Fixtures and helpers for tests of the Service Bus adapter against the local test server.
+"""Helpers for tests of the Service Bus adapter against the local test server.
 
-Import the fixtures into a test module (``from tests.servicebus_server.fixtures import sb_fixture,
-sb_server_fixture``); they are named ``sb`` and ``sb_server``.
-``sb`` gives each test an :class:`SBEnv`: the session's server, a unique queue name, an SDK client
-for sending and reading dead letters (every call bounded: the SDK hangs instead of failing against
-a server that answers wrongly), and consumers and publishers of the adapter that are closed after
-the test.
+The fixtures ``sb_server`` and ``sb`` are registered once, in tests/conftest.py: a test takes them
+by name, and a module imports from here only the helpers it uses (:class:`SBEnv`, :class:`Received`,
+:func:`eventually`, :func:`outgoing_event`). This module (and with it the azure-servicebus SDK) is
+imported only by runs that collect such a module or ask for a fixture.
+``sb_server`` is one :class:`ServiceBusTestServer` for the session; ``sb`` gives each test an
+:class:`SBEnv` (:func:`sb_env`): the session's server, a unique queue name and a topic name beside
+it, an SDK client for sending and reading dead letters (every call bounded: the SDK hangs instead of
+failing against a server that answers wrongly), and consumers, publishers and dead-letter readers of
+the adapter that are closed after the test.
 """
 
 from __future__ import annotations
@@ -13,29 +16,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 
 from consumer_kit.adapters.servicebus import (
     Namespace,
     ServiceBusConsumer,
+    ServiceBusDeadLetters,
     ServiceBusDelivery,
     ServiceBusPublisher,
 )
-from tests.servicebus_server import Queue, ServiceBusTestServer
+from consumer_kit.publishing import OutgoingMessage
+from tests.servicebus_server import Queue, ServiceBusTestServer, Topic
 
 SDK_CALL_TIMEOUT = 10.0  # seconds any direct SDK call of a test may take
-
-
-@pytest.fixture(scope="session", name="sb_server")
-def sb_server_fixture() -> Iterator[ServiceBusTestServer]:
-    """One local Service Bus test server for the whole test session (entities are per test)."""
-    with ServiceBusTestServer() as server:
-        yield server
 
 
 class Received:
@@ -69,6 +67,8 @@ class SBEnv:
         self.client = client
         self.namespace = Namespace.from_connection_string(server.connection_string)
         self.queue = "q" + uuid.uuid4().hex[:10]
+        self.topic = self.queue + "-topic"  # made by create_topic or the first create_subscription
+        self._topic_made = False
         self._closing: list[Any] = []
         self._senders: dict[str, ServiceBusSender] = {}
         self._clock_advanced = 0.0  # seconds advance_broker_clock moved the broker's clock
@@ -83,6 +83,19 @@ class SBEnv:
     def create_queue(self, name: str | None = None, **options: Any) -> Queue:
         return self.server.create_queue(name or self.queue, **options)
 
+    def create_topic(self, **options: Any) -> Topic:
+        """Create the test's topic ``self.topic`` (``options``: ``EntityOptions`` fields)."""
+        self._topic_made = True
+        return self.server.create_topic(self.topic, **options)
+
+    def create_subscription(self, name: str, **options: Any) -> Queue:
+        """Create subscription ``name`` of the test's topic (the topic too, if not made yet); its
+        ``path`` is ``<topic>/Subscriptions/<name>``. ``options``: ``rules=`` and ``EntityOptions``
+        fields, as ``server.create_subscription``."""
+        if not self._topic_made:
+            self.create_topic()
+        return self.server.create_subscription(self.topic, name, **options)
+
     def entity(self, path: str | None = None) -> Any:
         return self.server.entity(path or self.queue)
 
@@ -94,11 +107,31 @@ class SBEnv:
         self._closing.append(consumer)
         return consumer
 
+    async def subscribe(
+        self,
+        callback: Callable[[ServiceBusDelivery], Awaitable[None]],
+        path: str | None = None,
+        *,
+        prefetch: int,
+        **options: Any,
+    ) -> ServiceBusConsumer:
+        """A new consumer (``options`` as :meth:`consumer`) subscribed to ``path`` (default: the
+        test's queue), handing each delivery to ``callback`` (a :class:`Received`, say)."""
+        consumer = self.consumer(**options)
+        await consumer.subscribe(path or self.queue, callback, prefetch=prefetch)
+        return consumer
+
     def publisher(self, **options: Any) -> ServiceBusPublisher:
         options.setdefault("confirm_timeout", 5.0)
         publisher = ServiceBusPublisher(self.namespace, **options)
         self._closing.append(publisher)
         return publisher
+
+    def dead_letter_reader(self, **options: Any) -> ServiceBusDeadLetters:
+        """The adapter's dead-letter browser (what ``consumer-kit dlq`` uses), closed after the test."""
+        letters = ServiceBusDeadLetters(self.namespace, **options)
+        self._closing.append(letters)
+        return letters
 
     async def send(self, *messages: ServiceBusMessage, entity: str | None = None) -> None:
         """Send ``messages`` to ``entity`` (default: the test's queue) in one call (one sender per
@@ -144,6 +177,24 @@ class SBEnv:
                     found.extend(batch)
         return found
 
+    async def receive_and_dead_letter(
+        self, count: int, path: str | None = None, *, reason: str, description: str | None = None,
+        **options: Any,
+    ) -> None:
+        """Receive ``count`` messages of ``path`` (default: the test's queue) through the SDK and
+        dead-letter each with ``reason`` and ``description``, as a worker does; ``options`` go to
+        the receiver (``session_id=``)."""
+        async with (
+            asyncio.timeout(SDK_CALL_TIMEOUT + count),
+            self.receiver(path or self.queue, prefetch=count, **options) as receiver,
+        ):
+            done = 0
+            while done < count:
+                batch = await receiver.receive_messages(max_message_count=count - done, max_wait_time=2)
+                for message in batch:  # one at a time: the SDK needs its settlements in order
+                    await receiver.dead_letter_message(message, reason=reason, error_description=description)
+                    done += 1
+
     async def close(self) -> None:
         for closing in [*self._senders.values(), *reversed(self._closing)]:
             async with asyncio.timeout(30):
@@ -152,16 +203,40 @@ class SBEnv:
             self.server.skew_clock(0.0)
 
 
-@pytest.fixture(name="sb")
-async def sb_fixture(sb_server: ServiceBusTestServer) -> AsyncIterator[SBEnv]:
-    client = ServiceBusClient.from_connection_string(sb_server.connection_string, retry_total=0)
-    env = SBEnv(sb_server, client)
+@asynccontextmanager
+async def sb_env(server: ServiceBusTestServer) -> AsyncIterator[SBEnv]:
+    """One test's :class:`SBEnv` on ``server`` (the ``sb`` fixture), closed with what it opened."""
+    client = ServiceBusClient.from_connection_string(server.connection_string, retry_total=0)
+    env = SBEnv(server, client)
     try:
         yield env
     finally:
         await env.close()
         async with asyncio.timeout(10):
             await client.close()
+
+
+def outgoing_event(
+    n: int,
+    destination: str,
+    *,
+    partition_key: str | None = None,
+    body: bytes = b'{"n": 1}',
+    routing_key: str = "invoice.created",
+    message_type: str = "InvoiceCreated",
+    headers: dict[str, str] | None = None,
+) -> OutgoingMessage:
+    """Outbox event number ``n`` as the relay hands it to a publisher (event ID
+    ``00000000-0000-4000-8000-<n, 12 digits>``)."""
+    return OutgoingMessage(
+        destination=destination,
+        routing_key=routing_key,
+        message_id=f"00000000-0000-4000-8000-{n:012d}",
+        body=body,
+        message_type=message_type,
+        headers=headers or {},
+        partition_key=partition_key,
+    )
 
 
 async def eventually(condition: Callable[[], bool], *, within: float, what: str) -> None:
