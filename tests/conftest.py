@@ -19,6 +19,7 @@ from urllib.parse import quote, urlparse, urlunparse
 import pytest
 
 from tests.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
+from tests.report_guard import pytest_runtest_makereport  # noqa: F401 - hook: CPython 3.11's AST bug
 from tests.resilience import renv  # noqa: F401 - fixture: env with per-worker settings and backends
 from tests.telemetry_kit import otel  # noqa: F401 - fixture: the OpenTelemetry SDK, in memory
 
@@ -150,3 +151,4 @@ def cli_logging() -> Iterator[None]:
 def unique_name() -> Iterator[str]:
     """A short unique name for queues, exchanges and schemas of one test."""
     yield "t" + uuid.uuid4().hex[:12]
+

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from consumer_kit.cli.console import OWN_LOGGERS, setup_logging
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.publishing import Publisher
 from tests.broker_env import Env
+from tests.children import stop_gracefully
 from tests.harness import fetch_all
 from tests.test_relay_support import Event, connect, wait_until, write_events
 
@@ -50,18 +50,6 @@ def run(*argv: str, env: dict[str, str], timeout: float = 60, cwd: Path = ROOT) 
         [sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout,
         check=False,
     )
-
-
-async def stop_gracefully(proc: asyncio.subprocess.Process) -> str:
-    """SIGTERM ``proc`` and return its stderr once it exits (killed if it takes over 30 s)."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return stderr.decode()
 
 
 def closed_port() -> int:

@@ -24,7 +24,8 @@ from consumer_kit.outbox_relay import Relay, RelaySettings
 from consumer_kit.outbox_relay.cli import app as relay_cli
 from consumer_kit.settings import TelemetrySettings
 from tests.broker_env import Env
-from tests.test_first_hour import closed_port, stop_gracefully
+from tests.children import stop_gracefully
+from tests.test_first_hour import closed_port
 from tests.test_relay_support import relay_settings
 
 

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from consumer_kit.publishing import PublishError
 from consumer_kit.telemetry.metrics import prometheus_series
 from tests.broker_env import Env, command
-from tests.test_first_hour import closed_port, stop_gracefully
+from tests.children import stop_gracefully
+from tests.test_first_hour import closed_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 

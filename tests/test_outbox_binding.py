@@ -20,6 +20,7 @@ from consumer_kit.errors import ConfigurationError
 from consumer_kit.ledger import migrate
 from consumer_kit.outbox_relay.binding import broker_identity
 from consumer_kit.outbox_relay.relay import Relay
+from tests.children import communicate
 from tests.test_relay_support import Event, relay_settings, write_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +81,7 @@ async def test_a_relay_on_another_broker_refuses_while_events_are_pending(
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "consumer_kit.outbox_relay.cli", "rebind", env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            out, err = await communicate(proc, 60)
             assert proc.returncode == 0, err.decode()
             assert out.decode() == f"outbox of schema {schema} now belongs to broker sqs://127.0.0.1:5000?region=us-east-1\n"
             # (published through the RabbitMQ publisher passed in: the binding is what is under test)

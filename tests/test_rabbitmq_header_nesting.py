@@ -23,6 +23,7 @@ from consumer_kit.model.outcomes import Outcome
 from consumer_kit.worker import Worker
 from examples.invoices.app import CreateInvoiceHandler
 from tests.broker_env import Env, command
+from tests.children import communicate
 
 U32 = struct.Struct(">I")
 
@@ -107,7 +108,7 @@ async def test_headers_nested_10000_levels_follow_the_header_rules_and_the_conne
             sys.executable, "-c", PRODUCER, env.rabbitmq_url, env.queue,
             command(order_id=1).decode(), command(order_id=2).decode(), stderr=subprocess.PIPE,
         )
-        _, stderr = await asyncio.wait_for(producer.communicate(), 60)
+        _, stderr = await communicate(producer, 60)
         assert producer.returncode == 0, stderr.decode()[-2000:]
         healthy = await env.send(command(order_id=3))
         reports = {r.message_id: r for r in await env.next_reports(3)}

@@ -21,6 +21,7 @@ from psycopg import sql
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.ledger import migrate
 from consumer_kit.outbox_relay.relay import relay_pending
+from tests.children import communicate, reap
 from tests.test_relay_support import Event, relay_settings, write_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,23 +53,26 @@ async def test_watch_prints_what_the_relay_publishes_and_leaves_no_queue(
             await migrate(conn, schema)
             proc = await _start_watch(rabbitmq_url, exchange_name, "--count", "1", "--show-body", "--json",
                                       "--timeout", "60")
-            assert proc.stderr is not None and proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stderr.readline(), 30)
-            assert ready.decode().startswith(f"watching {exchange_name} (routing key #) through a temporary queue")
-            [event_id] = await write_events(conn, schema, [Event(exchange_name, "invoice.created", payload={"n": 1})])
-            publisher = RabbitMQPublisher(rabbitmq_url)
             try:
-                published = await relay_pending(relay_settings(database_url, schema, rabbitmq_url), publisher)
+                assert proc.stderr is not None and proc.stdout is not None
+                ready = await asyncio.wait_for(proc.stderr.readline(), 30)
+                assert ready.decode().startswith(f"watching {exchange_name} (routing key #) through a temporary queue")
+                [event_id] = await write_events(conn, schema, [Event(exchange_name, "invoice.created", payload={"n": 1})])
+                publisher = RabbitMQPublisher(rabbitmq_url)
+                try:
+                    published = await relay_pending(relay_settings(database_url, schema, rabbitmq_url), publisher)
+                finally:
+                    await publisher.close()
+                assert published == 1
+                out, err = await communicate(proc, 60)
+                assert proc.returncode == 0, err.decode()
+                [line] = out.decode().splitlines()
+                seen = json.loads(line)
+                assert (seen["destination"], seen["routing_key"], seen["message_id"]) == (
+                    exchange_name, "invoice.created", str(event_id))
+                assert seen["message_type"] == "ThingHappened" and json.loads(seen["body"]) == {"n": 1}
             finally:
-                await publisher.close()
-            assert published == 1
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            assert proc.returncode == 0, err.decode()
-            [line] = out.decode().splitlines()
-            seen = json.loads(line)
-            assert (seen["destination"], seen["routing_key"], seen["message_id"]) == (
-                exchange_name, "invoice.created", str(event_id))
-            assert seen["message_type"] == "ThingHappened" and json.loads(seen["body"]) == {"n": 1}
+                await reap(proc)  # a failed step leaves it running
             await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
         # the exclusive queue went with the watch's connection: the vhost holds no queue
         if shutil.which("rabbitmqctl"):
@@ -84,13 +88,13 @@ async def test_watch_prints_what_the_relay_publishes_and_leaves_no_queue(
 async def test_watch_of_a_missing_exchange_says_how_to_create_it(rabbitmq_url: str) -> None:
     name = f"ck-watch-missing-{uuid.uuid4().hex[:8]}"
     proc = await _start_watch(rabbitmq_url, name, "--timeout", "5")
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    _, err = await communicate(proc, 60)
     assert proc.returncode == 2
     assert err.decode().startswith(f"error: exchange '{name}' does not exist: `consumer-kit declare module:app`")
 
 
 async def test_watch_on_a_broker_without_a_tap_says_what_to_use() -> None:
     proc = await _start_watch("sqs://127.0.0.1:1?region=us-east-1&tls=false", "billing.events", "--timeout", "1")
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    _, err = await communicate(proc, 60)
     assert proc.returncode == 2
     assert "consumer-kit watch supports RabbitMQ (amqp://) only, not sqs://" in err.decode()
