@@ -4,6 +4,7 @@ a return or a refusal before sending fails only its own."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
 
@@ -126,3 +127,45 @@ async def test_a_batch_with_no_time_left_is_not_sent(rabbitmq_url: str, unique_n
     finally:
         await publisher.close()
         await connection.close()
+
+
+async def test_short_waits_that_add_up_to_the_confirm_timeout_reset_a_silent_connection(
+    rabbitmq_url: str, unique_name: str
+) -> None:
+    """A relay whose publish deadline stays just under ``confirm_timeout`` waits less than it on
+    every call: counted call by call, a connection that stopped answering (a blocked socket) would
+    never be reset, and every pass would time out on it again. Unanswered waits add up across calls:
+    after ``confirm_timeout`` seconds of silence the next call opens a new connection."""
+    proxy = TcpProxy("127.0.0.1", urlsplit(rabbitmq_url).port or 5672)
+    port = await proxy.start()
+    via_proxy = urlunsplit(urlsplit(rabbitmq_url)._replace(netloc=f"guest:guest@127.0.0.1:{port}"))
+    connection = await aio_pika.connect(rabbitmq_url)
+    publisher = RabbitMQPublisher(via_proxy, confirm_timeout=1.0)
+    try:
+        channel = await connection.channel()
+        ok = await channel.declare_queue(f"{unique_name}.ok", auto_delete=True)
+        assert await publisher.publish_batch([to_queue(ok.name, 0)], within=10.0) == [None]
+        # answered waits shorter than confirm_timeout never reset anything
+        for n in range(1, 4):
+            assert await publisher.publish_batch([to_queue(ok.name, n)], within=0.9) == [None]
+        assert proxy.accepted == 1
+        proxy.pause()
+        loop = asyncio.get_running_loop()
+        paused_at = loop.time()
+        calls = 0
+        while proxy.accepted == 1 and loop.time() - paused_at < 10:
+            [outcome] = await publisher.publish_batch([to_queue(ok.name, 10 + calls)], within=0.3)
+            assert isinstance(outcome, PublishTimeout), outcome
+            calls += 1
+        assert proxy.accepted == 2, "the silent connection was never reset"
+        assert calls >= 3  # each call alone (0.3 s) was far from confirm_timeout (1 s)
+        proxy.resume()
+        assert await publisher.publish_batch([to_queue(ok.name, 99)], within=10.0) == [None]
+        got = set()
+        while (message := await ok.get(no_ack=True, fail=False)) is not None:
+            got.add(message.message_id)
+        assert {"m-0", "m-1", "m-2", "m-3", "m-99"} <= got  # sent while blocked: at most once more
+    finally:
+        await publisher.close()
+        await connection.close()
+        await proxy.close()

@@ -58,7 +58,9 @@ class RabbitMQPublisher(Publisher):
     on the default exchange it means the queue does not exist (a row error).
 
     The connection is opened on first publish and re-opened on the next publish after a loss or
-    a confirm timeout.
+    a confirm timeout, also one made of several shorter waits: a connection that has answered
+    none of them for ``confirm_timeout`` seconds is reset, though each caller's bound
+    (``within``) was shorter than that.
 
     Args:
         url: AMQP URL.
@@ -91,6 +93,9 @@ class RabbitMQPublisher(Publisher):
         self._exchanges: set[str] = set()  # declared on the current connection
         self._declaring: dict[str, asyncio.Lock] = {}
         self._suspects: set[str] = set()  # destinations to publish alone (module docstring)
+        # loop time since which the current connection has answered none of our waits (None: it
+        # answered the last one); across calls, so short bounds add up to confirm_timeout
+        self._silent_since: float | None = None
         self._lock = asyncio.Lock()
         self._alone = asyncio.Lock()  # one isolated publish at a time: few channels, clear blame
 
@@ -132,6 +137,7 @@ class RabbitMQPublisher(Publisher):
             if isinstance(exc, TimeoutError):  # the broker stopped answering: start afresh
                 await self._reset(connection)
             raise publish_error(exc, message.message_id, message.destination, alone=False) from exc
+        self._silent_since = None  # the broker answered
         self._check_returned(message, result)
 
     async def publish_batch(
@@ -146,8 +152,9 @@ class RabbitMQPublisher(Publisher):
         docstring), and a message repeating an earlier one's ``message_id``, go one by one after
         the others."""
         loop = asyncio.get_running_loop()
+        began = loop.time()
         wait = min(max(within, 0.0), self._confirm_timeout)
-        deadline, caller_deadline = loop.time() + wait, loop.time() + max(within, 0.0)
+        deadline, caller_deadline = began + wait, began + max(within, 0.0)
         # Nothing counts as confirmed until its confirm is in: every outcome starts as a failure.
         outcomes: list[BaseException | None] = [
             PublishTimeout(f"message_id={m.message_id} not sent within {wait:.1f} s") for m in messages
@@ -187,7 +194,7 @@ class RabbitMQPublisher(Publisher):
                     if loop.time() >= deadline:
                         # asyncio's timeout fires only at a suspension, and queueing the frames
                         # need not suspend: past the bound they would be sent yet reported unsent.
-                        raise TimeoutError
+                        return outcomes
                     futures = await confirms.send(cast(aiormq.Channel, underlay), list(sends.values()))
         except TimeoutError as exc:
             if wait >= self._confirm_timeout:  # the broker stopped answering: start afresh
@@ -195,6 +202,8 @@ class RabbitMQPublisher(Publisher):
                 for i in range(len(messages)):
                     if i not in alone and isinstance(outcomes[i], PublishTimeout):
                         outcomes[i] = publish_error(exc, messages[i].message_id, messages[i].destination, alone=False)
+            elif self._silent_too_long(began):
+                await self._reset(connection)
             return outcomes
         except Exception as exc:  # noqa: BLE001 - connection or channel lost before anything was sent
             for i, message in enumerate(messages):
@@ -202,10 +211,12 @@ class RabbitMQPublisher(Publisher):
                     outcomes[i] = self._shared_failure(message, exc)
             return outcomes
         if futures:
-            _, pending = await asyncio.wait(futures, timeout=max(deadline - loop.time(), 0.0))
+            done, pending = await asyncio.wait(futures, timeout=max(deadline - loop.time(), 0.0))
             for future in pending:
                 future.cancel()  # aiormq ignores a late confirm of a cancelled future
-            if pending and wait >= self._confirm_timeout:
+            if done:
+                self._silent_since = None  # the broker answered
+            if pending and (wait >= self._confirm_timeout or (not done and self._silent_too_long(began))):
                 await self._reset(connection)  # confirm_timeout passed: the broker stopped answering
             for i, future in zip(shared, futures, strict=True):
                 outcomes[i] = self._settled(messages[i], future, wait)
@@ -315,6 +326,7 @@ class RabbitMQPublisher(Publisher):
                 self._connection = await open_connection(
                     self._url, timeout=self._confirm_timeout, name="consumer-kit publisher"
                 )
+                self._silent_since = None  # a new connection has not been silent yet
             assert self._connection is not None
             if self._channel is None or self._channel.is_closed:
                 self._channel = await self._connection.channel(
@@ -400,12 +412,21 @@ class RabbitMQPublisher(Publisher):
             message.message_id, message.destination, message.routing_key,
         )
 
+    def _silent_too_long(self, since: float) -> bool:
+        """Note a wait on the broker that went unanswered (it began at loop time ``since``) and say
+        whether the connection has now answered nothing for ``confirm_timeout`` seconds. A relay's
+        bound can stay shorter than ``confirm_timeout`` on every call (its lease's publish deadline
+        set close to it): counted alone, its waits would never reset a blocked connection."""
+        if self._silent_since is None:
+            self._silent_since = since
+        return asyncio.get_running_loop().time() - self._silent_since >= self._confirm_timeout
+
     async def _reset(self, connection: AbstractConnection | None) -> None:
         """Forget ``connection`` (when it is still the current one) and close it."""
         if connection is None or connection is not self._connection:
             await close_quietly(connection, self._confirm_timeout, "publisher")
             return
-        self._connection, self._channel = None, None
+        self._connection, self._channel, self._silent_since = None, None, None
         self._exchanges.clear()
         await close_quietly(connection, self._confirm_timeout, "publisher")
 
