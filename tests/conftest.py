@@ -151,4 +151,3 @@ def cli_logging() -> Iterator[None]:
 def unique_name() -> Iterator[str]:
     """A short unique name for queues, exchanges and schemas of one test."""
     yield "t" + uuid.uuid4().hex[:12]
-
