@@ -49,7 +49,10 @@ def ensure_database() -> str:
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (BENCH_DB,)).fetchone()
         if not found:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+            try:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(BENCH_DB)))
+            except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                pass  # another run made it meanwhile: the server is shared
     return bench_db_url()
 
 
