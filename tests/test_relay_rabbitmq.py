@@ -162,6 +162,10 @@ async def test_broker_down_then_back_loses_nothing_and_backoff_shows(
                 before = await write_events(conn, schema, [Event(unique_name) for _ in range(20)])
             await rec.wait_for(before, 20)
 
+            async def before_marked() -> bool:  # an arrival precedes its confirm and its mark
+                return await rows(database_url, f"SELECT count(*) FROM {table} WHERE published_at IS NULL") == [(0,)]
+
+            await wait_until(before_marked, 20, "the first 20 rows marked published")
             await proxy.close()
             async with await connect(database_url) as conn:
                 during = await write_events(conn, schema, [Event(unique_name) for _ in range(50)])
