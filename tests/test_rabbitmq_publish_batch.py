@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import aio_pika
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.publishing import OutgoingMessage, PublishError, PublishTimeout
 from tests.tcp_proxy import TcpProxy
+from tests.test_relay_rabbitmq import via
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -75,8 +76,7 @@ async def test_a_batch_never_written_gives_its_delivery_tags_back(rabbitmq_url: 
     message before it: a nacked message reported confirmed, its outbox row marked published.
     The socket is blocked for real: a TCP proxy that stops reading."""
     proxy = TcpProxy("127.0.0.1", urlsplit(rabbitmq_url).port or 5672)
-    port = await proxy.start()
-    via_proxy = urlunsplit(urlsplit(rabbitmq_url)._replace(netloc=f"guest:guest@127.0.0.1:{port}"))
+    via_proxy = via(rabbitmq_url, await proxy.start())
     connection = await aio_pika.connect(rabbitmq_url)
     publisher = RabbitMQPublisher(via_proxy, confirm_timeout=60.0)
     try:
@@ -137,8 +137,7 @@ async def test_short_waits_that_add_up_to_the_confirm_timeout_reset_a_silent_con
     never be reset, and every pass would time out on it again. Unanswered waits add up across calls:
     after ``confirm_timeout`` seconds of silence the next call opens a new connection."""
     proxy = TcpProxy("127.0.0.1", urlsplit(rabbitmq_url).port or 5672)
-    port = await proxy.start()
-    via_proxy = urlunsplit(urlsplit(rabbitmq_url)._replace(netloc=f"guest:guest@127.0.0.1:{port}"))
+    via_proxy = via(rabbitmq_url, await proxy.start())
     connection = await aio_pika.connect(rabbitmq_url)
     publisher = RabbitMQPublisher(via_proxy, confirm_timeout=1.0)
     try:
