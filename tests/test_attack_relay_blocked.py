@@ -238,9 +238,10 @@ async def every_row_tried(database_url: str, w: World) -> None:
     await wait_until(tried, 20, "every row to be published or tried once")
 
 
-async def pause_while_claimed(database_url: str, w: World, hold: float, events: list[Event]) -> None:
-    """Pause the proxy, write ``events``, wait until the relay holds some of them (it is
-    publishing into the blocked socket), keep the socket blocked ``hold`` seconds, resume."""
+@asynccontextmanager
+async def blocked_while_claimed(database_url: str, w: World, events: list[Event]) -> AsyncIterator[None]:
+    """Pause the proxy, write ``events`` and wait until the relay holds some of them (it is
+    publishing into the blocked socket); the socket stays blocked until the block ends."""
     w.proxy.pause()
     try:
         await w.write(database_url, events)
@@ -249,9 +250,15 @@ async def pause_while_claimed(database_url: str, w: World, hold: float, events: 
             return await w.claimed(database_url) > 0
 
         await wait_until(in_flight, 10, "the relay to claim rows while the socket is blocked")
-        await asyncio.sleep(hold)  # the fault's duration, not a synchronisation
+        yield
     finally:
         w.proxy.resume()
+
+
+async def pause_while_claimed(database_url: str, w: World, hold: float, events: list[Event]) -> None:
+    """:func:`blocked_while_claimed`, the socket kept blocked ``hold`` seconds."""
+    async with blocked_while_claimed(database_url, w, events):
+        await asyncio.sleep(hold)  # the fault's duration, not a synchronisation
 
 
 # -- 1. pauses mid-drain ---------------------------------------------------------------------------
@@ -398,19 +405,10 @@ async def test_a_relay_sigkilled_while_its_socket_is_blocked_loses_nothing(
             first = w.wave()
             await w.write(database_url, first)
             await w.rec.wait_for([e.event_id for e in first if e.destination == "ok"], 30)
-            w.proxy.pause()
-            try:
-                await w.write(database_url, w.wave(loose=20))
-
-                async def a_holds_rows() -> bool:
-                    return await w.claimed(database_url) > 0
-
-                await wait_until(a_holds_rows, 10, "relay A to claim rows while the socket is blocked")
+            async with blocked_while_claimed(database_url, w, w.wave(loose=20)):
                 a.send_signal(signal.SIGKILL)
                 assert await a.wait() == -signal.SIGKILL
                 held = await w.claimed(database_url)
-            finally:
-                w.proxy.resume()
         finally:
             await stop_process(a)
         assert held > 0  # A died holding rows (published into the blocked socket, or about to be)
@@ -453,14 +451,7 @@ async def test_stopping_a_relay_while_its_socket_is_blocked_is_bounded_and_marks
         try:
             await w.write(database_url, first)
             await w.rec.wait_for([e.event_id for e in first if e.destination == "ok"], 30)
-            w.proxy.pause()
-            try:
-                await w.write(database_url, w.wave(loose=20))
-
-                async def holds_rows() -> bool:
-                    return await w.claimed(database_url) > 0
-
-                await wait_until(holds_rows, 10, "the relay to claim rows while the socket is blocked")
+            async with blocked_while_claimed(database_url, w, w.wave(loose=20)):
                 started = time.monotonic()
                 if proc is not None:
                     proc.send_signal(signal.SIGTERM)
@@ -474,8 +465,6 @@ async def test_stopping_a_relay_while_its_socket_is_blocked_is_bounded_and_marks
                         relay.request_stop()
                     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
                 took = time.monotonic() - started
-            finally:
-                w.proxy.resume()
         finally:
             if proc is not None:
                 await stop_process(proc)
