@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from consumer_kit import headers as own_headers
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_delivery, hand_over
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, headers_to_send
+from consumer_kit.codec import headers as own_headers
 from consumer_kit.errors import DeadLetterReason
-from consumer_kit.publishing import OutgoingMessage, Publisher, headers_to_send
+from consumer_kit.resilience.supervised import Supervised, all_running
 from consumer_kit.settings import BrokerSettings, Settings
-from consumer_kit.supervised import Supervised, all_running
 
 logger = logging.getLogger("consumer_kit.adapters.memory")
 
@@ -377,11 +377,11 @@ def get_broker(url: str = "memory://", *, lock_timeout: float | None = None) -> 
 
 
 def consumer_from_settings(settings: Settings) -> MemoryConsumer:
-    """Entry point ``consumer_kit.brokers: memory``."""
+    """Entry point ``consumer_kit.broker.registry: memory``."""
     return MemoryConsumer(get_broker(settings.broker_url))
 
 
 def publisher_from_settings(settings: BrokerSettings) -> MemoryPublisher:
-    """Entry point ``consumer_kit.brokers: memory``."""
+    """Entry point ``consumer_kit.broker.registry: memory``."""
     return MemoryPublisher(get_broker(settings.broker_url))
 

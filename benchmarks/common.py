@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from examples.invoices.app import SCHEMA_SQL as INVOICES_SCHEMA_SQL
+from consumer_kit.demo.app import SCHEMA_SQL as INVOICES_SCHEMA_SQL
 
 logger = logging.getLogger("benchmarks")
 

@@ -4,7 +4,7 @@
 
 * ``naive``: aio-pika + psycopg. Writes the effect in one transaction, then acks. No ledger, no
   outbox machinery (the event row is inserted directly). The limit for this design.
-* ``ck``: consumer-kit's :class:`~consumer_kit.worker.Worker` with the RabbitMQ adapter.
+* ``ck``: consumer-kit's :class:`~consumer_kit.worker.process.Worker` with the RabbitMQ adapter.
 * ``naive_batch``: aio-pika + psycopg taking up to ``--batch`` messages at once: ``concurrency``
   channels, each with prefetch ``--batch``, each batch's effect as one ``unnest`` statement per
   table in one transaction, then one multiple ack of the channel's batch.
@@ -250,8 +250,8 @@ async def run_ck(
     """The invoices example's own handler (``examples/invoices/app.py``); its unqualified table
     names resolve to the benchmark schema through ``search_path``."""
     from consumer_kit import App
-    from consumer_kit.worker import Worker
-    from examples.invoices.app import CreateInvoiceHandler
+    from consumer_kit.demo.app import CreateInvoiceHandler
+    from consumer_kit.worker.process import Worker
 
     app = App("bench-invoices")
     app.subscribe(args.queue, handler or CreateInvoiceHandler())
@@ -278,7 +278,7 @@ async def run_ck(
 async def run_ck_batch(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
     """The batch path: ``BatchCreateInvoiceHandler`` with ``batch_size = --batch``; one report per
     delivery, as on the per-message path."""
-    from examples.invoices.batches import BatchCreateInvoiceHandler
+    from consumer_kit.demo.batches import BatchCreateInvoiceHandler
 
     handler_class = type(
         "BenchBatchHandler", (BatchCreateInvoiceHandler,), {"batch_size": args.batch, "batch_wait": args.batch_wait}

@@ -53,8 +53,8 @@ async def _fill(queue: str, count: int, headers: dict[str, Any]) -> None:
 
 async def one_run(db_url: str, marked: bool, messages: int, concurrency: int) -> dict[str, Any]:
     from consumer_kit import App, Settings
-    from consumer_kit.worker import Worker
-    from examples.invoices.app import CreateInvoiceHandler
+    from consumer_kit.demo.app import CreateInvoiceHandler
+    from consumer_kit.worker.process import Worker
 
     schema, queue = common.new_name("ckb_marks"), common.new_name("ckb.marks")
     await asyncio.to_thread(common.create_schema, db_url, schema)

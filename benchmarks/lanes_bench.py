@@ -24,8 +24,8 @@ from pydantic import BaseModel
 
 from consumer_kit import App, Context, Envelope, Handler, OutgoingMessage, Result, Settings
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
-from consumer_kit.worker import Worker
-from tests.harness import throwaway_schema
+from consumer_kit.worker.process import Worker
+from tests.fixtures.harness import throwaway_schema
 
 DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"

@@ -5,8 +5,9 @@ The public API is re-exported here; see docs/tutorial.md for a walkthrough.
 
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, Settlement
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.codec.envelope import Envelope
 from consumer_kit.effects import Evidence, Reconciled
-from consumer_kit.envelope import Envelope
 from consumer_kit.errors import (
     ConfigurationError,
     ConsumerKitError,
@@ -23,7 +24,6 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.outbox import OutboxWriter
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
 from consumer_kit.settings import Settings
 from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
 

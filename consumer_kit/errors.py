@@ -87,3 +87,35 @@ class StatementTimeout(Exception):
     """A statement of consumer-kit's own (claim, completion, COMMIT, attempt bookkeeping) did not
     answer within ``statement_timeout`` seconds: the database or the network is at fault. Its
     connection is discarded."""
+
+
+# -- optional parts: the pip extra that brings each SDK --------------------------------------------
+#
+# An adapter package declares its extra in the first lines of its ``__init__``, before it imports
+# its SDK (``except ImportError as missing: raise MissingExtra("sqs", missing) from missing``), so
+# that :func:`consumer_kit.broker.registry.adapter_for` can say which extra to install without a table
+# of its own (the core never imports an adapter by name, nor any SDK).
+
+
+def install_hint(extra: str) -> str:
+    """The commands that install ``extra``: ``pip install 'consumer-kit[sqs]' (from a clone: pip
+    install -e '.[sqs]')``. consumer-kit is not on PyPI: the first adds the extra's packages to the
+    consumer-kit already installed (pip keeps that one), the second installs from a clone's root."""
+    return f"pip install 'consumer-kit[{extra}]' (from a clone: pip install -e '.[{extra}]')"
+
+
+class MissingExtra(ImportError):
+    """An optional part's SDK is not installed.
+
+    Args:
+        extra: the pip extra that brings it (a ``[project.optional-dependencies]`` key).
+        missing: the ImportError of the SDK.
+
+    Attributes:
+        extra, missing: as given; ``hint``: :func:`install_hint` of ``extra``.
+    """
+
+    def __init__(self, extra: str, missing: ImportError) -> None:
+        super().__init__(f"{missing} ({install_hint(extra)})", name=missing.name, path=missing.path)
+        self.extra, self.missing = extra, missing
+        self.hint = install_hint(extra)

@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 from psycopg import AsyncConnection
 from pydantic import BaseModel
 
+from consumer_kit.codec.envelope import DEFAULT_TENANT, PARTITION_KEY_HEADER, TENANT_HEADER, Envelope
 from consumer_kit.effects import Evidence, LeaseHooks, Reconciled
-from consumer_kit.envelope import DEFAULT_TENANT, PARTITION_KEY_HEADER, TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, ContextSealed, DeadLetterReason, InvalidMessage
 from consumer_kit.identity import check_scope_parts, downstream_key, fingerprint_of
 from consumer_kit.model.events import PendingEvent

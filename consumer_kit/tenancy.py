@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from consumer_kit.envelope import TENANT_HEADER, Envelope
+from consumer_kit.codec.envelope import TENANT_HEADER, Envelope
 from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
 
 ANY_TENANT = "*"

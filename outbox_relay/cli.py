@@ -43,7 +43,7 @@ from consumer_kit.cli.console import (
     to_json,
     user_errors,
 )
-from consumer_kit.embedded import database_url
+from consumer_kit.db.embedded import database_url
 from consumer_kit.settings import EMBEDDED
 from consumer_kit.telemetry.setup import install
 
@@ -167,7 +167,7 @@ async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False, int
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.request_stop)
     if gauges:
-        from consumer_kit.telemetry.gauges import DatabaseGauges
+        from consumer_kit.ops.gauges import DatabaseGauges
 
         async with DatabaseGauges(
             database_url(settings), settings.db_schema, outbox=True, max_attempts=settings.relay_max_attempts,

@@ -17,9 +17,9 @@ from contextlib import ExitStack
 
 from opentelemetry import propagate, trace
 
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout
 from consumer_kit.telemetry.metrics import record_published
 from consumer_kit.telemetry.tracing import mark_failed, producer_span
 
@@ -58,7 +58,7 @@ class RowPublisher:
         self, rows: list[ClaimedRow], deadline: float
     ) -> tuple[list[int], list[Failure]]:
         """Publish ``rows``; returns (confirmed ids, failures). Rows go to the publisher's
-        :meth:`~consumer_kit.publishing.Publisher.publish_batch` in chunks of ``max_in_flight``
+        :meth:`~consumer_kit.broker.publishing.Publisher.publish_batch` in chunks of ``max_in_flight``
         (one confirm wait per chunk, chunks one after the other); rows still unconfirmed
         ``deadline`` seconds after the call count as failures (``deadline_exceeded``)."""
         confirmed: list[int] = []

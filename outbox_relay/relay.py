@@ -32,16 +32,16 @@ from typing import Any, Protocol, runtime_checkable
 import psycopg
 from psycopg import AsyncConnection
 
-from consumer_kit.embedded import database_url as resolve_database_url
+from consumer_kit.broker.publishing import Publisher
+from consumer_kit.codec.redaction import redact_url
+from consumer_kit.db.embedded import database_url as resolve_database_url
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.health import Health
-from consumer_kit.mark_setup import install_mark_keys
+from consumer_kit.ledger.mark_keys import install_mark_keys
 from consumer_kit.outbox import notify_channel
 from consumer_kit.pipeline.faults import FaultKind, classify
-from consumer_kit.publishing import Publisher
-from consumer_kit.redaction import redact_url
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import describe_error, messaging_system
+from consumer_kit.worker.health import Health
 
 from .binding import check_binding
 from .counters import RelayCounters
@@ -79,7 +79,7 @@ class Relay:
 
     Args:
         settings: relay settings (database, broker, schema, batch, lease, backoff, ...).
-        publisher: the broker publisher; default ``consumer_kit.brokers.open_publisher(settings)``
+        publisher: the broker publisher; default ``consumer_kit.broker.registry.open_publisher(settings)``
             (a publisher passed in is not closed by the relay).
         routing: destination map; default built from ``settings``.
 
@@ -176,7 +176,7 @@ class Relay:
         await install_mark_keys(self._conn, self.settings)  # SQS copies carry a signed message-id mark
         self.routing.check(await self.store.pending_destinations(self._conn))
         if self._publisher is None:
-            from consumer_kit.brokers import open_publisher
+            from consumer_kit.broker.registry import open_publisher
 
             self._publisher = open_publisher(self.settings)
         if isinstance(self._publisher, _Connectable):

@@ -18,14 +18,14 @@ from urllib.parse import quote, urlparse, urlunparse
 
 import pytest
 
-from tests.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
-from tests.report_guard import pytest_runtest_makereport  # noqa: F401 - hook: CPython 3.11's AST bug
-from tests.resilience import renv  # noqa: F401 - fixture: env with per-worker settings and backends
-from tests.telemetry_kit import otel  # noqa: F401 - fixture: the OpenTelemetry SDK, in memory
+from tests.fixtures.broker_env import env  # noqa: F401 - fixture: a schema, a queue and in-process workers
+from tests.fixtures.report_guard import pytest_runtest_makereport  # noqa: F401 - hook: CPython 3.11's AST bug
+from tests.fixtures.resilience import renv  # noqa: F401 - fixture: env with per-worker settings and backends
+from tests.fixtures.telemetry_kit import otel  # noqa: F401 - fixture: the OpenTelemetry SDK, in memory
 
 if TYPE_CHECKING:
-    from tests.servicebus_server import ServiceBusTestServer
-    from tests.servicebus_server.fixtures import SBEnv
+    from tests.adapters.servicebus.server import ServiceBusTestServer
+    from tests.adapters.servicebus.server.fixtures import SBEnv
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -118,9 +118,9 @@ def vhost_of(url: str) -> str:
 
 @pytest.fixture(scope="session")
 def sb_server() -> Iterator[ServiceBusTestServer]:
-    """One local Service Bus test server (tests/servicebus_server) for the whole test session;
+    """One local Service Bus test server (tests/adapters/servicebus/server) for the whole test session;
     entities are per test."""
-    from tests.servicebus_server import ServiceBusTestServer
+    from tests.adapters.servicebus.server import ServiceBusTestServer
 
     with ServiceBusTestServer() as server:
         yield server
@@ -128,8 +128,8 @@ def sb_server() -> Iterator[ServiceBusTestServer]:
 
 @pytest.fixture
 async def sb(sb_server: ServiceBusTestServer) -> AsyncIterator[SBEnv]:
-    """One test's view of ``sb_server``: a :class:`tests.servicebus_server.fixtures.SBEnv`."""
-    from tests.servicebus_server.fixtures import sb_env
+    """One test's view of ``sb_server``: a :class:`tests.adapters.servicebus.server.fixtures.SBEnv`."""
+    from tests.adapters.servicebus.server.fixtures import sb_env
 
     async with sb_env(sb_server) as view:
         yield view

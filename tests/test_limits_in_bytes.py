@@ -26,7 +26,7 @@ from consumer_kit.identity import (
     check_scope_parts,
 )
 from consumer_kit.outbox import MAX_PARTITION_KEY_BYTES, pending_event
-from tests.harness import fetch_all, runtime_for, throwaway_schema
+from tests.fixtures.harness import fetch_all, runtime_for, throwaway_schema
 
 QUEUE = "limits.commands"
 

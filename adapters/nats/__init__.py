@@ -48,11 +48,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.extras import MissingExtra
+from consumer_kit.errors import MissingExtra
 
 try:
     import nats  # noqa: F401 - the SDK of the nats extra
-except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.broker.registry names it)
     raise MissingExtra("nats", missing) from missing
 
 from consumer_kit.settings import BrokerSettings, Settings
@@ -75,7 +75,7 @@ __all__ = [
 
 
 def consumer_from_settings(settings: Settings) -> NATSConsumer:
-    """Entry point ``consumer_kit.brokers: nats``: a consumer for ``settings`` (``broker_url``,
+    """Entry point ``consumer_kit.broker.registry: nats``: a consumer for ``settings`` (``broker_url``,
     ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``handler_timeout``).
 
     Raises:
@@ -89,17 +89,17 @@ def consumer_from_settings(settings: Settings) -> NATSConsumer:
 
 
 def publisher_from_settings(settings: BrokerSettings) -> NATSPublisher:
-    """Entry point ``consumer_kit.brokers: nats``: a publisher (raises ConfigurationError for a bad URL)."""
+    """Entry point ``consumer_kit.broker.registry: nats``: a publisher (raises ConfigurationError for a bad URL)."""
     return NATSPublisher(NATSConfig.from_url(settings.broker_url))
 
 
 def dead_letters_from_settings(settings: BrokerSettings) -> NATSDeadLetters:
-    """Entry point ``consumer_kit.brokers: nats``: the dead-letter streams (``consumer-kit dlq``)."""
+    """Entry point ``consumer_kit.broker.registry: nats``: the dead-letter streams (``consumer-kit dlq``)."""
     return NATSDeadLetters(NATSConfig.from_url(settings.broker_url))
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    from consumer_kit.brokers import DeadLetterAdapter
+    from consumer_kit.broker.registry import DeadLetterAdapter
 
     from .. import nats as this_module
 

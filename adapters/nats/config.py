@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from consumer_kit.broker.kit.url_options import flag, number, url_options
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.url_options import flag, number, url_options
 
 _KNOWN = {"ack_wait", "heartbeat", "fetch_wait", "ordered", "max_deliver"}
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from consumer_kit.broker import DeliveryCallback
-from consumer_kit.pull_consumer import PullConsumer
+from consumer_kit.broker.kit.pull_consumer import PullConsumer
 
 from .config import NATSConfig
 from .connection import NATSConnection
@@ -34,7 +34,7 @@ _CLOSE_MARGIN = 5.0  # seconds a closing consumer waits beyond fetch_wait
 
 class NATSConsumer(PullConsumer[Subscription, NATSDelivery]):
     """Consume JetStream work queues through durable pull consumers (pause, resume, stop and the
-    hand-overs: :class:`~consumer_kit.pull_consumer.PullConsumer`).
+    hand-overs: :class:`~consumer_kit.broker.kit.pull_consumer.PullConsumer`).
 
     Args:
         config: the parsed ``nats://`` URL.

@@ -22,7 +22,7 @@ is dropped by the target stream's duplicate window.
 **The lock.** The adapter knows when its peek-lock lapses: the time the pull was *sent* plus
 ``ack_wait`` (the delivery's ``lock_seconds``), moved by each ``in_progress()``
 (:mod:`consumer_kit.adapters.nats.renewal`). Past that (less 10 % of ``ack_wait``, at most 1 s:
-:class:`consumer_kit.pull_consumer.PulledDelivery`) nothing is settled any more: JetStream may have
+:class:`consumer_kit.broker.kit.pull_consumer.PulledDelivery`) nothing is settled any more: JetStream may have
 handed the message to someone else. Such a settlement raises :class:`LockLost` and the delivery is
 ``lost``.
 """
@@ -36,9 +36,9 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from consumer_kit import headers as own_headers
-from consumer_kit.envelope import CORRELATION_ID_HEADER, PARTITION_KEY_HEADER
-from consumer_kit.pull_consumer import PulledDelivery
+from consumer_kit.broker.kit.pull_consumer import PulledDelivery
+from consumer_kit.codec import headers as own_headers
+from consumer_kit.codec.envelope import CORRELATION_ID_HEADER, PARTITION_KEY_HEADER
 
 from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,

@@ -4,7 +4,7 @@ NATS headers are text (``Name: value`` lines after ``NATS/1.0``): a name is prin
 without ``:`` or whitespace, a value has no CR or LF. consumer-kit's headers are written as they
 are; a header NATS cannot carry (a name it does not allow, a value with a line break) travels in
 one ``x-consumer-kit-headers`` JSON header, which :func:`headers_of` unpacks again
-(:func:`consumer_kit.headers.unpack`), so a handler sees the same headers on every broker.
+(:func:`consumer_kit.codec.headers.unpack`), so a handler sees the same headers on every broker.
 JetStream's own ``Nats-*`` headers (``Nats-Msg-Id``, ``Nats-Expected-*``) are the publisher's per
 message and never copied.
 """
@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from consumer_kit import headers as ck_headers
+from consumer_kit.codec import headers as ck_headers
 
 MSG_ID = "Nats-Msg-Id"
 """JetStream's de-duplication header: the event ID on a relay publish."""
@@ -55,7 +55,7 @@ def headers_for(headers: Mapping[Any, Any]) -> dict[str, str]:
 
 def headers_of(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     """The headers a received message carries, with the packed header unpacked (a malformed one
-    stays as it is: :func:`consumer_kit.headers.read` reports it)."""
+    stays as it is: :func:`consumer_kit.codec.headers.read` reports it)."""
     return ck_headers.unpack(dict(raw or {}))
 
 

@@ -7,7 +7,7 @@ a stream one larger than its ``max_msg_size``; both count the header block and t
 
 (no headers: the body alone). :func:`size_of` measures it that way; :func:`fit` drops headers from
 a copy (retry, release, dead-letter, redrive) until it fits, or says it cannot
-(:mod:`consumer_kit.copy_fit`).
+(:mod:`consumer_kit.broker.kit.copy_fit`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from consumer_kit import headers as own
-from consumer_kit.copy_fit import fit_copy
+from consumer_kit.broker.kit.copy_fit import fit_copy
+from consumer_kit.codec import headers as own
 
 from .envelope import headers_for
 
@@ -44,7 +44,7 @@ def fit(body: bytes, headers: Mapping[str, Any], limit: int, *, droppable: Itera
         extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """NATS headers for a copy of ``body`` with ``headers`` (signed) plus ``extra`` (unsigned:
     ``Nats-Msg-Id``) that fit ``limit`` bytes, and the names left out to make it fit
-    (:func:`consumer_kit.copy_fit.fit_copy`): first every header not in :data:`KEPT` (largest
+    (:func:`consumer_kit.broker.kit.copy_fit.fit_copy`): first every header not in :data:`KEPT` (largest
     first), then ``extra`` (a copy's de-duplication id is only a convenience), then ``droppable``
     in its order.
 

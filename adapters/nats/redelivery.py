@@ -8,7 +8,7 @@ keeps the two apart as the SQS adapter does for FIFO queues:
   deliveries before it, ``x-consumer-kit-redelivered`` for a suspect) and acks the original: the
   copy starts again at ``num_delivered = 1``, across processes and restarts;
 * retry is ``nak(delay)`` (JetStream has no delayed publish before 2.12): this process remembers,
-  in :data:`GIVE_BACKS` (:mod:`consumer_kit.give_backs`), the ``num_delivered`` it expects next
+  in :data:`GIVE_BACKS` (:mod:`consumer_kit.broker.kit.give_backs`), the ``num_delivered`` it expects next
   (a release whose copy cannot be sent is a ``nak`` too, remembered as uncounted). A count the
   remembered give-back explains is no redelivery; anything else above 1 is. A message nak-ed by
   another process, or by this one before a restart, comes back as a suspect: it runs alone once
@@ -23,7 +23,7 @@ keeps the two apart as the SQS adapter does for FIFO queues:
 
 from __future__ import annotations
 
-from consumer_kit.give_backs import GiveBacks
+from consumer_kit.broker.kit.give_backs import GiveBacks
 
 MAX_ENTRIES = 100_000
 """Give-backs remembered at most (a forgotten one only makes a false suspect)."""

@@ -1,6 +1,6 @@
 """Keeping held deliveries locked: ``in_progress()`` before ``ack_wait`` lapses.
 
-The shared heartbeat (:mod:`consumer_kit.lock_heartbeat`: every quarter of the shortest
+The shared heartbeat (:mod:`consumer_kit.broker.kit.lock_heartbeat`: every quarter of the shortest
 ``ack_wait`` held, 0.1 to 10 s, each held delivery with half its ``ack_wait`` or less left) sends
 ``in_progress()`` (``+WPI``: JetStream restarts the message's ``ack_wait``) for every due delivery,
 then one flush (a ping) for all of them: each lock counts as extended from the moment its
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from consumer_kit.lock_heartbeat import LockHeartbeat
+from consumer_kit.broker.kit.lock_heartbeat import LockHeartbeat
 
 from .delivery import NATSDelivery
 from .errors import describe

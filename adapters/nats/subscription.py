@@ -3,12 +3,12 @@
 Each pull asks for ``min(64, prefetch - held)`` messages (none while ``prefetch`` are held) and
 waits at most ``fetch_wait`` seconds; an empty pull is no error. A pull that fails (NATS away,
 reconnecting) is logged once per outage and retried with backoff (0.1 s doubling to 5 s); the
-consumer is not ready meanwhile (the loop: :mod:`consumer_kit.pull_consumer`).
+consumer is not ready meanwhile (the loop: :mod:`consumer_kit.broker.kit.pull_consumer`).
 
 **Handed back unsettled.** A delivery whose hand-over ended without a settlement (a crash point
 fired: the runtime treats it as process death) is *left to lapse*: no longer held, not renewed,
 not given back at close, so its ``ack_wait`` lapses and JetStream redelivers it, counted, as after
-a real crash (:meth:`~consumer_kit.pull_consumer.PulledQueue.leave_to_lapse`). **The same message
+a real crash (:meth:`~consumer_kit.broker.kit.pull_consumer.PulledQueue.leave_to_lapse`). **The same message
 again** (a redelivery of a message still held, after its lock lapsed): the earlier delivery loses
 its lock (it will not ack) and the new one is handed out.
 """
@@ -23,10 +23,10 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from consumer_kit import headers as own_headers
 from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.broker.kit.pull_consumer import PulledQueue
+from consumer_kit.codec import headers as own_headers
 from consumer_kit.errors import DeadLetterReason
-from consumer_kit.pull_consumer import PulledQueue
 
 from .delivery import NATSDelivery
 from .envelope import DEAD_LETTER_DETAIL_HEADER, DEAD_LETTER_REASON_HEADER, ORIGINAL_QUEUE_HEADER, headers_for
@@ -40,7 +40,7 @@ _BATCH = 64
 
 
 class Subscription(PulledQueue[Msg, NATSDelivery]):
-    """One queue, pulled by a task of its own (the loop: :class:`~consumer_kit.pull_consumer.PulledQueue`).
+    """One queue, pulled by a task of its own (the loop: :class:`~consumer_kit.broker.kit.pull_consumer.PulledQueue`).
 
     Args:
         info: the work queue; ``pull``: its pull subscription.

@@ -68,15 +68,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.extras import MissingExtra
+from consumer_kit.errors import MissingExtra
 
 try:
     import aio_pika  # noqa: F401 - the SDK of the rabbitmq extra
     import aiormq  # noqa: F401
-except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.broker.registry names it)
     raise MissingExtra("rabbitmq", missing) from missing
 
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.codec.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.settings import BrokerSettings, Settings
 
 from .config import SCHEMES, RabbitMQConfig
@@ -124,7 +124,7 @@ __all__ = [
 
 
 def consumer_from_settings(settings: Settings) -> RabbitMQConsumer:
-    """Entry point ``consumer_kit.brokers: amqp``: a consumer for ``settings``
+    """Entry point ``consumer_kit.broker.registry: amqp``: a consumer for ``settings``
     (:class:`~consumer_kit.adapters.rabbitmq.config.RabbitMQConfig` says what it reads)."""
     config = RabbitMQConfig.from_settings(settings)
     return RabbitMQConsumer(
@@ -138,25 +138,25 @@ def consumer_from_settings(settings: Settings) -> RabbitMQConsumer:
 
 
 def publisher_from_settings(settings: BrokerSettings) -> RabbitMQPublisher:
-    """Entry point ``consumer_kit.brokers: amqp``: a publisher for ``settings.broker_url``,
+    """Entry point ``consumer_kit.broker.registry: amqp``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirm."""
     return RabbitMQPublisher(settings.broker_url, confirm_timeout=settings.settle_timeout)
 
 
 def dead_letters_from_settings(settings: BrokerSettings) -> RabbitMQDeadLetters:
-    """Entry point ``consumer_kit.brokers: amqp``: the dead-letter queues of ``settings.broker_url``
+    """Entry point ``consumer_kit.broker.registry: amqp``: the dead-letter queues of ``settings.broker_url``
     (``consumer-kit dlq``), each broker operation bounded by ``settings.settle_timeout`` seconds."""
     return RabbitMQDeadLetters(settings.broker_url, timeout=settings.settle_timeout)
 
 
 def tap_from_settings(settings: Settings) -> RabbitMQTap:
-    """Entry point ``consumer_kit.brokers: amqp``: a tap on ``settings.broker_url``'s event
+    """Entry point ``consumer_kit.broker.registry: amqp``: a tap on ``settings.broker_url``'s event
     exchanges (``consumer-kit watch``), connecting within ``settings.settle_timeout`` seconds."""
     return RabbitMQTap(settings.broker_url, timeout=settings.settle_timeout)
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    from consumer_kit.brokers import DeadLetterAdapter, TapAdapter
+    from consumer_kit.broker.registry import DeadLetterAdapter, TapAdapter
 
     from .. import rabbitmq as this_module
 

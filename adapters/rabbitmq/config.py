@@ -6,7 +6,7 @@
 
 The URL goes to aio-pika as it is (its query options, e.g. ``heartbeat``, ``connection_timeout``,
 pass through); the adapter reads only the vhost from it (:func:`vhost_of`), to name it when the
-broker refuses it. Logs show it with the password redacted (``consumer_kit.redaction.redact_url``).
+broker refuses it. Logs show it with the password redacted (``consumer_kit.codec.redaction.redact_url``).
 
 Options come from ``consumer_kit.settings.Settings`` (:meth:`RabbitMQConfig.from_settings`):
 ``max_deliveries`` and ``crash_limit`` (the quorum queues' delivery limit), ``retry_delays`` plus

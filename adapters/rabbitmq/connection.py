@@ -16,7 +16,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from consumer_kit.redaction import redact_url
+from consumer_kit.codec.redaction import redact_url
 
 from . import wire
 from .errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal

@@ -26,8 +26,8 @@ from aio_pika.abc import AbstractConnection
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
-from consumer_kit.redaction import redact_url
-from consumer_kit.supervised import Supervised, all_running
+from consumer_kit.codec.redaction import redact_url
+from consumer_kit.resilience.supervised import Supervised, all_running
 
 from .connection import (
     BACKOFF,

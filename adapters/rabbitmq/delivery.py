@@ -41,8 +41,8 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from pamqp.commands import Basic
 
-from consumer_kit import headers as own_headers
 from consumer_kit.broker import AckGroup, Delivery
+from consumer_kit.codec import headers as own_headers
 
 from . import acks
 from .connection import close_channel_soon

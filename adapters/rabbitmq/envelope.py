@@ -7,7 +7,7 @@ Delivery count (``Delivery.delivery_count``)::
     this_copy      = headers["x-delivery-count"] + 1   on a quorum queue (absent on the 1st delivery)
                    = 2 if redelivered else 1           on a classic queue (a lower bound)
 
-Both counts are read by consumer-kit's one codec (:func:`consumer_kit.headers.read`): a value that
+Both counts are read by consumer-kit's one codec (:func:`consumer_kit.codec.headers.read`): a value that
 is not a count in range (a double, 2^63 as text, a nested array) is ignored, never believed.
 
 A copy consumer-kit republishes (retry, release, dead-letter) is a new message for the broker,
@@ -30,16 +30,16 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from consumer_kit import headers as own
-from consumer_kit.envelope import (
+from consumer_kit.codec import headers as own
+from consumer_kit.codec.envelope import (
     CORRELATION_ID_HEADER,
     MESSAGE_TYPE_HEADER,
     OPERATION_ID_HEADER,
     TENANT_HEADER,
 )
-from consumer_kit.headers import OwnHeaders
+from consumer_kit.codec.headers import OwnHeaders
 
-# consumer-kit's names (consumer_kit.headers), as this package calls them.
+# consumer-kit's names (consumer_kit.codec.headers), as this package calls them.
 DELIVERIES_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER, BROKER_COUNT_HEADER = (
     own.DELIVERIES, own.REDELIVERED, own.TRIMMED, own.BROKER_COUNT,
 )
@@ -65,7 +65,7 @@ _NOT_COPIED = frozenset({BROKER_COUNT_HEADER, REDELIVERED_HEADER, TRIMMED_HEADER
 
 def delivery_count_of(headers: Mapping[str, Any] | OwnHeaders, redelivered: bool) -> int:
     """The 1-based delivery count of a RabbitMQ delivery (formula in the module docstring) from
-    its headers or their reading (:func:`consumer_kit.headers.read`: a malformed count is
+    its headers or their reading (:func:`consumer_kit.codec.headers.read`: a malformed count is
     ignored); ``redelivered`` is the broker's own flag."""
     reading = headers if isinstance(headers, OwnHeaders) else own.read(headers)
     if reading.broker_count is not None:

@@ -1,6 +1,6 @@
 """What a RabbitMQ failure means: the broker's reply, one-line descriptions, PublishError kinds.
 
-Classification of a failed publish (``consumer_kit.publishing.PublishError``):
+Classification of a failed publish (``consumer_kit.broker.publishing.PublishError``):
 
 =============================================================  ==========  =========================
 cause                                                          kind        why
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import aiormq.exceptions
 
-from consumer_kit.publishing import PublishError
+from consumer_kit.broker.publishing import PublishError
 
 from .config import vhost_of
 

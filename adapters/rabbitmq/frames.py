@@ -6,7 +6,7 @@ that was about a fifth of the relay's CPU per event in a drain profile. :func:`e
 same bytes directly, the ``Basic.Publish`` method frame once per (channel, exchange, routing key)
 (it is the same for every event of a destination), and returns ``None`` for a message outside
 that shape (any other property set, a header value that is not a string, a short string over
-255 bytes): the caller encodes that one with pamqp. ``tests/test_rabbitmq_frames.py`` checks the
+255 bytes): the caller encodes that one with pamqp. ``tests/adapters/rabbitmq/test_frames.py`` checks the
 bytes equal pamqp's.
 
 Wire format (AMQP 0-9-1 section 4.2.3, 4.2.6): frame = type (1) channel (2) size (4) payload

@@ -31,8 +31,14 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
+from consumer_kit.broker.publishing import (
+    OutgoingMessage,
+    Publisher,
+    PublishError,
+    PublishTimeout,
+    headers_to_send,
+)
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout, headers_to_send
 
 from . import confirms
 from .connection import close_quietly, connect_retrying, is_open, open_connection
@@ -45,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 
 class RabbitMQPublisher(Publisher):
-    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` with publisher confirms.
+    """Publish :class:`~consumer_kit.broker.publishing.OutgoingMessage` with publisher confirms.
 
     ``message.destination`` names a durable topic exchange (declared on first use, then cached
     per connection) and ``message.routing_key`` its routing key; destination ``""`` is the
@@ -434,7 +440,7 @@ class RabbitMQPublisher(Publisher):
 def properties_of(message: OutgoingMessage, *, user_id: str | None = None) -> Basic.Properties:
     """The AMQP properties the publisher sends ``message`` with (persistent; ``message_id``,
     ``type`` and header ``message-type``; ``content_type``; ``user_id``: the publisher's own user,
-    which RabbitMQ validates, ``None`` for none; headers: :func:`~consumer_kit.publishing.headers_to_send`)."""
+    which RabbitMQ validates, ``None`` for none; headers: :func:`~consumer_kit.broker.publishing.headers_to_send`)."""
     # Built directly, as aio_pika.Message(...).properties would build them (priority 0 included),
     # without a Message per publish (7 % of the relay's CPU in a drain profile).
     return Basic.Properties(

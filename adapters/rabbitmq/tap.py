@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import aio_pika
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-from consumer_kit.dead_letters import header_text
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.broker.dead_letters import header_text
+from consumer_kit.codec.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.model.events import WatchedEvent
 
 from .connection import close_quietly, open_connection

@@ -31,7 +31,7 @@ MAX_DEPTH = 64
 UNDECODED = (f"not decoded: nested deeper than {MAX_DEPTH} levels",)
 """What a header value nested too deeply reads as (an array of one text): not a count, a flag
 or a text, so consumer-kit's codec treats it as a value of the wrong type, by the header's rule
-(:mod:`consumer_kit.headers`: ignored, or ``invalid_header`` naming the header)."""
+(:mod:`consumer_kit.codec.headers`: ignored, or ``invalid_header`` naming the header)."""
 
 # Encoded sizes of the AMQP 0-9-1 field values that hold no others (pamqp's TABLE_MAPPING).
 _FIXED = {

@@ -35,7 +35,7 @@ module              job (the words before the dash are the same in every adapter
 ``route``           broker-only: a delivery's receiver and session lock
 ``copies``          broker-only: the sender of retry and release copies (and the queue's size limit)
 ``counters``        broker-only: the names the consumer counts
-                    (:class:`consumer_kit.counters.Counters`)
+                    (:class:`consumer_kit.broker.kit.counters.Counters`)
 ``throttling``      broker-only: ``ServiceBusServerBusyError`` waited out with backoff (settlements,
                     sends, peeks, receives)
 ==================  ================================================================================
@@ -93,11 +93,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.extras import MissingExtra
+from consumer_kit.errors import MissingExtra
 
 try:
     import azure.servicebus  # noqa: F401 - the SDK of the servicebus extra
-except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.broker.registry names it)
     raise MissingExtra("servicebus", missing) from missing
 
 from consumer_kit.settings import BrokerSettings, Settings
@@ -133,7 +133,7 @@ __all__ = [
 
 
 def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
-    """Entry point ``consumer_kit.brokers: servicebus``: a consumer for ``settings.broker_url``
+    """Entry point ``consumer_kit.broker.registry: servicebus``: a consumer for ``settings.broker_url``
     (``settle_timeout`` bounds settlements) and the ``CONSUMER_KIT_SERVICEBUS_*`` settings
     (:class:`~consumer_kit.adapters.servicebus.config.ServiceBusConfig`).
 
@@ -150,7 +150,7 @@ def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
 
 
 def publisher_from_settings(settings: BrokerSettings) -> ServiceBusPublisher:
-    """Entry point ``consumer_kit.brokers: servicebus``: a publisher for ``settings.broker_url``,
+    """Entry point ``consumer_kit.broker.registry: servicebus``: a publisher for ``settings.broker_url``,
     waiting at most ``settings.settle_timeout`` seconds for a confirmation.
 
     Raises:
@@ -166,7 +166,7 @@ def publisher_from_settings(settings: BrokerSettings) -> ServiceBusPublisher:
 
 
 def dead_letters_from_settings(settings: BrokerSettings) -> ServiceBusDeadLetters:
-    """Entry point ``consumer_kit.brokers: servicebus``: the dead-letter sub-queues of the queues and
+    """Entry point ``consumer_kit.broker.registry: servicebus``: the dead-letter sub-queues of the queues and
     subscriptions of ``settings.broker_url``'s namespace (``consumer-kit dlq``;
     :mod:`consumer_kit.adapters.servicebus.dead_letters`); a redrive's receive waits
     ``CONSUMER_KIT_SERVICEBUS_RECEIVE_WAIT`` seconds.
@@ -179,7 +179,7 @@ def dead_letters_from_settings(settings: BrokerSettings) -> ServiceBusDeadLetter
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    from consumer_kit.brokers import DeadLetterAdapter
+    from consumer_kit.broker.registry import DeadLetterAdapter
 
     from .. import servicebus as this_module
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
-from consumer_kit.publishing import PublishError
+from consumer_kit.broker.publishing import PublishError
 
 from .connection import close_quietly
 from .errors import describe, is_refusal, publish_error

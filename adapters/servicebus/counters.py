@@ -1,8 +1,8 @@
-"""What a Service Bus consumer counts: the names (kept the core's way, :mod:`consumer_kit.counters`)."""
+"""What a Service Bus consumer counts: the names (kept the core's way, :mod:`consumer_kit.broker.kit.counters`)."""
 
 from __future__ import annotations
 
-from consumer_kit.counters import Counters
+from consumer_kit.broker.kit.counters import Counters
 
 NAMES = (
     "received",          # deliveries handed to the worker
@@ -24,7 +24,7 @@ NAMES = (
 
 
 class ConsumerCounters(Counters):
-    """``counters["locks_lost"]`` etc. (:class:`consumer_kit.counters.Counters`); every name in
+    """``counters["locks_lost"]`` etc. (:class:`consumer_kit.broker.kit.counters.Counters`); every name in
     :data:`NAMES` starts at 0."""
 
     def __init__(self) -> None:

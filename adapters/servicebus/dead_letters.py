@@ -1,6 +1,6 @@
 """Listing and redriving the dead letters of a Service Bus queue or subscription (``consumer-kit
 dlq``; contract: :class:`consumer_kit.broker.DeadLetterQueues`; the loop:
-:class:`consumer_kit.dead_letters.Redrive`).
+:class:`consumer_kit.broker.dead_letters.Redrive`).
 
 **Which queue.** ``<entity>/$DeadLetterQueue`` of the queue or ``topic/Subscriptions/name`` asked
 for, read with a ``sub_queue=ServiceBusSubQueue.DEAD_LETTER`` receiver (never a session receiver: a
@@ -60,10 +60,16 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
-from consumer_kit import headers as own
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
-from consumer_kit.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked, RemoveFailed
-from consumer_kit.envelope import OPERATION_ID_HEADER
+from consumer_kit.broker.dead_letters import (
+    REASON_ON_COPY_CHARS,
+    CopyRefused,
+    Redrive,
+    RedriveAsked,
+    RemoveFailed,
+)
+from consumer_kit.codec import headers as own
+from consumer_kit.codec.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError
 
 from .browse import BrowseCursor

@@ -61,8 +61,8 @@ from azure.servicebus import ServiceBusReceivedMessage
 from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import MessageAlreadySettled, MessageSizeExceededError
 
-from consumer_kit import headers as own_headers
 from consumer_kit.broker import Delivery
+from consumer_kit.codec import headers as own_headers
 
 from .envelope import (
     as_sent,

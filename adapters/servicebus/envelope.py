@@ -26,7 +26,7 @@ Service Bus's own, on a dead letter: ``DeadLetterReason`` and ``DeadLetterErrorD
 
 Delivery count: ``x-consumer-kit-deliveries + delivery_count + 1`` (the SDK's ``delivery_count`` is
 0 on the first delivery). What each property may hold, and what a malformed one does, is
-consumer-kit's one definition (:mod:`consumer_kit.headers`). Published events: see
+consumer-kit's one definition (:mod:`consumer_kit.codec.headers`). Published events: see
 :func:`outgoing_message`.
 """
 
@@ -43,14 +43,14 @@ from typing import Any
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
-from consumer_kit import headers as own
-from consumer_kit.envelope import CORRELATION_ID_HEADER
-from consumer_kit.headers import OwnHeaders
-from consumer_kit.publishing import OutgoingMessage, headers_to_send
+from consumer_kit.broker.publishing import OutgoingMessage, headers_to_send
+from consumer_kit.codec import headers as own
+from consumer_kit.codec.envelope import CORRELATION_ID_HEADER
+from consumer_kit.codec.headers import OwnHeaders
 
 logger = logging.getLogger(__name__)
 
-# consumer-kit's names (consumer_kit.headers), under this package's names.
+# consumer-kit's names (consumer_kit.codec.headers), under this package's names.
 DELIVERIES_PROPERTY = own.DELIVERIES
 ORIGINAL_MESSAGE_ID_PROPERTY = own.MESSAGE_ID
 REDELIVERED_PROPERTY = own.REDELIVERED
@@ -96,7 +96,7 @@ def fit_dead_letter(
 def headers_of(message: ServiceBusReceivedMessage) -> dict[str, Any]:
     """The application properties as ``{str: value}``: names decoded as UTF-8 (bad bytes
     replaced), ``bytes`` values decoded as UTF-8 text where they are UTF-8 (else kept as
-    ``bytes``, for :func:`consumer_kit.headers.read` to judge).
+    ``bytes``, for :func:`consumer_kit.codec.headers.read` to judge).
 
     Trace context: producers on older Azure SDKs send only ``Diagnostic-Id`` (W3C traceparent
     format), no ``traceparent``. As azure-servicebus reads it (``_common/tracing.py``:
@@ -135,7 +135,7 @@ def body_of(message: ServiceBusReceivedMessage) -> bytes:
 def delivery_count_of(message: ServiceBusReceivedMessage, headers: Mapping[str, Any] | OwnHeaders) -> int:
     """1 on the first delivery: ``x-consumer-kit-deliveries`` (retry copies; a malformed one is
     ignored) plus the broker's ``delivery_count`` plus one; ``headers`` as :func:`headers_of`
-    gives them, or their reading (:func:`consumer_kit.headers.read`)."""
+    gives them, or their reading (:func:`consumer_kit.codec.headers.read`)."""
     return _reading(headers).deliveries_before + (message.delivery_count or 0) + 1
 
 

@@ -1,6 +1,6 @@
 """What a Service Bus failure means: lock loss, connection trouble, and PublishError kinds.
 
-Classification of a failed publish (``consumer_kit.publishing.PublishError``):
+Classification of a failed publish (``consumer_kit.broker.publishing.PublishError``):
 
 ==============================================================  ==========  ========================
 cause (azure-servicebus exception)                              kind        why
@@ -33,8 +33,8 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
+from consumer_kit.broker.publishing import PublishError
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import PublishError
 
 LOCK_LOST = (MessageLockLostError, SessionLockLostError)
 """The delivery is no longer ours: never settle it as done, let the broker redeliver it."""

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
 
 from .batching import EntityBatcher, Pending
 from .config import Namespace
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 class ServiceBusPublisher(Publisher):
-    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` to Service Bus, batching concurrent
+    """Publish :class:`~consumer_kit.broker.publishing.OutgoingMessage` to Service Bus, batching concurrent
     publishes per entity. The client is opened on first publish.
 
     Args:

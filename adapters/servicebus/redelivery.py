@@ -8,7 +8,7 @@ held retry, a release on a session entity or a subscription, or a copy that coul
 (On a plain queue a release is an uncounted copy: its next delivery has ``delivery_count`` 0 and
 is told apart without any memory, see :mod:`consumer_kit.adapters.servicebus.delivery`.)
 
-The adapter remembers each abandon it makes (:mod:`consumer_kit.give_backs`, whose table says
+The adapter remembers each abandon it makes (:mod:`consumer_kit.broker.kit.give_backs`, whose table says
 how a redelivery is judged): entity (names are case-insensitive), sequence number and the
 ``delivery_count`` the next delivery must then have. A redelivery is *ours* only when it matches
 a remembered abandon exactly; everything else is a suspect: a count higher than that (a lock
@@ -22,7 +22,7 @@ suspect).
 
 from __future__ import annotations
 
-from consumer_kit import give_backs
+from consumer_kit.broker.kit import give_backs
 
 DEFAULT_CAPACITY = 10_000
 

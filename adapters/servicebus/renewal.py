@@ -23,7 +23,7 @@ import enum
 import logging
 from typing import Protocol
 
-from consumer_kit.supervised import Supervised, all_running
+from consumer_kit.resilience.supervised import Supervised, all_running
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from azure.servicebus.exceptions import OperationTimeoutError
 from tenacity import AsyncRetrying, RetryCallState
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
-from consumer_kit.supervised import Supervised, all_running
+from consumer_kit.resilience.supervised import Supervised, all_running
 
 from .connection import BACKOFF, close_quietly
 from .delivery import ServiceBusDelivery

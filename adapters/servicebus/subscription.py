@@ -35,7 +35,7 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.errors import DeadLetterReason
-from consumer_kit.supervised import Supervised
+from consumer_kit.resilience.supervised import Supervised
 
 from .connection import BACKOFF, close_quietly
 from .copies import Copies

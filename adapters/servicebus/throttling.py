@@ -31,7 +31,7 @@ from typing import TypeVar
 from azure.servicebus.exceptions import ServiceBusServerBusyError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from consumer_kit.counters import Counters
+from consumer_kit.broker.kit.counters import Counters
 
 logger = logging.getLogger(__name__)
 

@@ -74,12 +74,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consumer_kit.extras import MissingExtra
+from consumer_kit.errors import MissingExtra
 
 try:
     import boto3  # noqa: F401 - the SDK of the sqs extra
     import botocore  # noqa: F401
-except ImportError as missing:  # the extra this adapter needs (consumer_kit.brokers names it)
+except ImportError as missing:  # the extra this adapter needs (consumer_kit.broker.registry names it)
     raise MissingExtra("sqs", missing) from missing
 
 from consumer_kit.settings import BrokerSettings, Settings
@@ -128,7 +128,7 @@ __all__ = [
 
 
 def consumer_from_settings(settings: Settings) -> SQSConsumer:
-    """Entry point ``consumer_kit.brokers: sqs``: a consumer for ``settings`` (``broker_url``,
+    """Entry point ``consumer_kit.broker.registry: sqs``: a consumer for ``settings`` (``broker_url``,
     ``max_deliveries``, ``crash_limit``, ``settle_timeout``, ``concurrency``, ``handler_timeout``).
 
     Raises:
@@ -145,7 +145,7 @@ def consumer_from_settings(settings: Settings) -> SQSConsumer:
 
 
 def publisher_from_settings(settings: BrokerSettings) -> SQSPublisher:
-    """Entry point ``consumer_kit.brokers: sqs``: a publisher for ``settings.broker_url``.
+    """Entry point ``consumer_kit.broker.registry: sqs``: a publisher for ``settings.broker_url``.
 
     Raises:
         ConfigurationError: the ``sqs://`` URL is invalid.
@@ -154,7 +154,7 @@ def publisher_from_settings(settings: BrokerSettings) -> SQSPublisher:
 
 
 def dead_letters_from_settings(settings: BrokerSettings) -> SQSDeadLetters:
-    """Entry point ``consumer_kit.brokers: sqs``: the dead-letter queues of the work queues at
+    """Entry point ``consumer_kit.broker.registry: sqs``: the dead-letter queues of the work queues at
     ``settings.broker_url`` (``consumer-kit dlq``; :mod:`consumer_kit.adapters.sqs.dead_letters`).
 
     Raises:
@@ -164,7 +164,7 @@ def dead_letters_from_settings(settings: BrokerSettings) -> SQSDeadLetters:
 
 
 if TYPE_CHECKING:  # mypy checks this module against the core's description of an adapter module
-    from consumer_kit.brokers import DeadLetterAdapter
+    from consumer_kit.broker.registry import DeadLetterAdapter
 
     from .. import sqs as this_module
 

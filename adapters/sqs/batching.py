@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from consumer_kit.counters import Counted, Counters
+from consumer_kit.broker.kit.counters import Counted, Counters
 
 logger = logging.getLogger(__name__)
 

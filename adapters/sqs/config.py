@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from consumer_kit.broker.kit.url_options import flag, number, url_options
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.settings.sqs import MAX_VISIBILITY_SECONDS, MAX_WAIT_SECONDS, SQSURLOptions
-from consumer_kit.url_options import flag, number, url_options
 
 __all__ = ["MAX_VISIBILITY_SECONDS", "MAX_WAIT_SECONDS", "SQSConfig"]
 

@@ -20,7 +20,7 @@ import asyncio
 import logging
 
 from consumer_kit.broker import DeliveryCallback
-from consumer_kit.pull_consumer import PullConsumer
+from consumer_kit.broker.kit.pull_consumer import PullConsumer
 
 from .config import MAX_VISIBILITY_SECONDS, SQSConfig
 from .connection import SQSClient
@@ -39,7 +39,7 @@ _CLOSE_MARGIN = 15.0  # seconds a closing consumer waits beyond the long-poll wa
 
 class SQSConsumer(PullConsumer[Subscription, SQSDelivery]):
     """Consume SQS standard and FIFO queues (pause, resume, stop and the hand-overs:
-    :class:`~consumer_kit.pull_consumer.PullConsumer`).
+    :class:`~consumer_kit.broker.kit.pull_consumer.PullConsumer`).
 
     Args:
         config: the parsed ``sqs://`` URL.

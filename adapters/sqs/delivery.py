@@ -40,7 +40,7 @@ lapses and the message comes back redelivered (a crash, as it is).
 **The lock.** The adapter knows when its peek-lock lapses: the time the receive was *sent* plus
 the visibility timeout (the delivery's ``lock_seconds``), moved by each extension
 (:mod:`consumer_kit.adapters.sqs.renewal`). Past that (less a margin of 10 % of the timeout, at most
-1 s: :class:`consumer_kit.pull_consumer.PulledDelivery`) nothing is settled any more: SQS may have
+1 s: :class:`consumer_kit.broker.kit.pull_consumer.PulledDelivery`) nothing is settled any more: SQS may have
 handed the message to someone else, so an ack would delete a message another worker holds.
 Such a settlement raises :class:`~consumer_kit.adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
 the message comes back (or already came back) and the ledger answers it as a duplicate.
@@ -57,10 +57,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from consumer_kit import headers as own_headers
 from consumer_kit.broker import sender_across_copies
-from consumer_kit.envelope import CORRELATION_ID_HEADER
-from consumer_kit.pull_consumer import PulledDelivery
+from consumer_kit.broker.kit.pull_consumer import PulledDelivery
+from consumer_kit.codec import headers as own_headers
+from consumer_kit.codec.envelope import CORRELATION_ID_HEADER
 
 from .config import MAX_VISIBILITY_SECONDS
 from .envelope import (

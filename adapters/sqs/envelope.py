@@ -5,7 +5,7 @@ SQS allows at most **10 message attributes** per message, each name 1 to 256 cha
 dot) and a non-empty value. Headers are written as ``String`` attributes, consumer-kit's own and
 the operation's first (:data:`PRIORITY`); whatever does not fit that way (an eleventh header, a
 name SQS does not allow, an empty value) travels in one ``x-consumer-kit-headers`` attribute
-holding a JSON object, which :func:`headers_of` unpacks again (:func:`consumer_kit.headers.unpack`;
+holding a JSON object, which :func:`headers_of` unpacks again (:func:`consumer_kit.codec.headers.unpack`;
 a malformed one makes the delivery ``invalid_header``), so a handler sees the same headers on
 every broker. Their size, against the queue's limit: :mod:`consumer_kit.adapters.sqs.limits`.
 """
@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from consumer_kit import headers as ck_headers
-from consumer_kit.envelope import (
+from consumer_kit.codec import headers as ck_headers
+from consumer_kit.codec.envelope import (
     CORRELATION_ID_HEADER,
     MESSAGE_TYPE_HEADER,
     OPERATION_ID_HEADER,
@@ -27,7 +27,7 @@ from consumer_kit.envelope import (
 MAX_ATTRIBUTES = 10
 """SQS's limit of message attributes per message."""
 
-# consumer-kit's names (consumer_kit.headers), as this package calls them. The message id is the
+# consumer-kit's names (consumer_kit.codec.headers), as this package calls them. The message id is the
 # stable one (the outbox event ID, or the producer's id) across copies: SQS gives every send a new
 # ``MessageId``.
 MESSAGE_ID_ATTRIBUTE, DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE = (
@@ -89,7 +89,7 @@ def attributes_for(headers: Mapping[str, Any]) -> Attributes:
 def headers_of(attributes: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
     """The headers a received message carries: each attribute's value (``String``/``Number`` as
     ``str``, ``Binary`` as ``bytes``), with the packed attribute unpacked (a malformed one is kept
-    as it is: :func:`consumer_kit.headers.read` reports it)."""
+    as it is: :func:`consumer_kit.codec.headers.read` reports it)."""
     flat = {name: attribute.get("StringValue", attribute.get("BinaryValue")) for name, attribute in (attributes or {}).items()}
     return ck_headers.unpack(flat)
 

@@ -3,7 +3,7 @@
 SQS names an error twice: the JSON protocol's code and the older query code
 (``AWS.SimpleQueueService.NonExistentQueue`` / ``QueueDoesNotExist``); both are read.
 
-Classification of a failed publish (``consumer_kit.publishing.PublishError``):
+Classification of a failed publish (``consumer_kit.broker.publishing.PublishError``):
 
 =============================================================  ==========  =========================
 cause                                                          kind        why
@@ -26,7 +26,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from consumer_kit.publishing import PublishError
+from consumer_kit.broker.publishing import PublishError
 
 _PREFIX = "AWS.SimpleQueueService."
 

@@ -8,7 +8,7 @@ QueueInfo.max_message_size`, default 256 KiB) and a ``SendMessageBatch`` of more
                  + for each attribute: bytes of its name + its data type + its value
 
 :func:`size_of` measures a message that way; :func:`fit` drops headers from a copy (retry, release,
-dead-letter, redrive) until it fits, or says it cannot (:mod:`consumer_kit.copy_fit`).
+dead-letter, redrive) until it fits, or says it cannot (:mod:`consumer_kit.broker.kit.copy_fit`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from consumer_kit import headers as own
-from consumer_kit.copy_fit import fit_copy
+from consumer_kit.broker.kit.copy_fit import fit_copy
+from consumer_kit.codec import headers as own
 
 from .envelope import PRIORITY, Attributes, as_text, attributes_for
 
@@ -39,7 +39,7 @@ def fit(
     body: str, headers: Mapping[str, Any], limit: int, *, droppable: Iterable[str]
 ) -> tuple[Attributes, list[str]]:
     """Attributes for a copy of ``body`` with ``headers`` (signed) that fit ``limit`` bytes, and the
-    names of the headers left out to make it fit (:func:`consumer_kit.copy_fit.fit_copy`): first
+    names of the headers left out to make it fit (:func:`consumer_kit.broker.kit.copy_fit.fit_copy`): first
     every header not in :data:`PRIORITY` (largest first), then ``droppable`` in its order.
 
     Raises:

@@ -4,7 +4,7 @@ The relay publishes a claimed batch concurrently; publishes to the same queue th
 ``linger`` seconds of each other (default 5 ms) go out in one ``SendMessageBatch`` of up to 10
 entries and at most ``BATCH_MAX_BYTES`` (:mod:`consumer_kit.adapters.sqs.batching`). Each publish still gets its
 own answer: SQS reports every entry on its own, and a failed entry becomes a
-:class:`~consumer_kit.publishing.PublishError` of its kind (:mod:`consumer_kit.adapters.sqs.errors`) for that event
+:class:`~consumer_kit.broker.publishing.PublishError` of its kind (:mod:`consumer_kit.adapters.sqs.errors`) for that event
 only. An endpoint that refuses the batch as too long gets each entry again on its own.
 
 **What is sent.** ``destination`` names the queue (``""``: ``routing_key`` does, as on RabbitMQ's
@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from consumer_kit import headers as own
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
+from consumer_kit.codec import headers as own
+from consumer_kit.codec.envelope import MESSAGE_TYPE_HEADER
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
 
 from .batching import Batcher
 from .config import SQSConfig
@@ -52,7 +52,7 @@ ROUTING_KEY_ATTRIBUTE = "routing-key"
 
 
 class SQSPublisher(Publisher):
-    """Publish :class:`~consumer_kit.publishing.OutgoingMessage` to SQS queues (module docstring).
+    """Publish :class:`~consumer_kit.broker.publishing.OutgoingMessage` to SQS queues (module docstring).
 
     Args:
         config: the parsed ``sqs://`` URL.
@@ -141,7 +141,7 @@ class SQSPublisher(Publisher):
             headers[ROUTING_KEY_ATTRIBUTE] = message.routing_key
         if message.content_type != "application/json":
             headers["content-type"] = message.content_type
-        # the message-id (and first-enqueued) mark, signed: consumers believe it only so (consumer_kit.headers)
+        # the message-id (and first-enqueued) mark, signed: consumers believe it only so (consumer_kit.codec.headers)
         attributes = attributes_for(own.seal(headers, message.body))
         size = size_of(body, attributes)
         if size > queue.max_message_size:

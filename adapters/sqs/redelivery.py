@@ -13,7 +13,7 @@ never taken for one:
 * **FIFO queues** (and the fallbacks of standard queues: a delay above SQS's 900 s
   ``DelaySeconds``, a copy that does not fit): a copy would go to the back of the message group,
   so the message is given back with ``ChangeMessageVisibility`` and this process remembers, in
-  :data:`GIVE_BACKS` (:mod:`consumer_kit.give_backs`), the receive count it expects next and how
+  :data:`GIVE_BACKS` (:mod:`consumer_kit.broker.kit.give_backs`), the receive count it expects next and how
   many of the receives were uncounted releases. A receive count that the remembered give-backs explain is no redelivery;
   anything else above 1 is. A message given back by another process, or by this one before a
   restart, comes back as a suspect: it runs alone once (a false suspect costs only that), and a
@@ -29,7 +29,7 @@ never taken for one:
 
 from __future__ import annotations
 
-from consumer_kit.give_backs import GiveBacks
+from consumer_kit.broker.kit.give_backs import GiveBacks
 
 from .config import MAX_VISIBILITY_SECONDS
 
@@ -40,4 +40,4 @@ GIVE_BACKS: GiveBacks[tuple[str, str]] = GiveBacks(MAX_ENTRIES, keep_for=MAX_VIS
 """The process's ``ChangeMessageVisibility`` give-backs by (queue URL, SQS message id), each
 believed 12 hours (the longest a give-back can wait): shared by every consumer, so a worker
 restarted inside one process (tests, an embedded worker) still recognises them. A give-back SQS
-refused is forgotten with what :meth:`~consumer_kit.give_backs.GiveBacks.remember` returned."""
+refused is forgotten with what :meth:`~consumer_kit.broker.kit.give_backs.GiveBacks.remember` returned."""

@@ -1,6 +1,6 @@
 """Keeping held deliveries locked: extending their visibility before it lapses.
 
-The shared heartbeat (:mod:`consumer_kit.lock_heartbeat`: every quarter of the shortest visibility
+The shared heartbeat (:mod:`consumer_kit.broker.kit.lock_heartbeat`: every quarter of the shortest visibility
 timeout held, 0.1 to 10 s, each held delivery with half its visibility timeout or less left)
 extends, with ``ChangeMessageVisibilityBatch`` (10 entries a call, per queue), every due delivery
 to a full visibility timeout from now. Held are the deliveries running in a handler, waiting for a
@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from consumer_kit.lock_heartbeat import LockHeartbeat
+from consumer_kit.broker.kit.lock_heartbeat import LockHeartbeat
 
 from .connection import SQSClient
 from .delivery import SQSDelivery

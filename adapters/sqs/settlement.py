@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from consumer_kit.counters import Counted, Counters
+from consumer_kit.broker.kit.counters import Counted, Counters
 
 from .batching import Batcher
 from .connection import SQSClient
@@ -64,7 +64,7 @@ class Settler:
     """Settlement calls of one consumer, with their counters.
 
     Attributes:
-        counters: :class:`~consumer_kit.counters.Counters` of the three below.
+        counters: :class:`~consumer_kit.broker.kit.counters.Counters` of the three below.
         deletes: messages deleted (acks, and originals of copies).
         stale_receipts: deletes refused because the receipt handle was stale (each counted once).
         delete_retries: delete entries sent again after SQS failed them on its side.

@@ -40,8 +40,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.broker.kit.pull_consumer import PulledQueue
 from consumer_kit.errors import DeadLetterReason
-from consumer_kit.pull_consumer import PulledQueue
 
 from .connection import SQSClient
 from .delivery import DEFAULT_GROUP, SQSDelivery
@@ -66,7 +66,7 @@ ATTEMPT_ID_SECONDS = 240.0
 
 
 class Subscription(PulledQueue[dict[str, Any], SQSDelivery]):
-    """One queue, polled by a task of its own (the loop: :class:`~consumer_kit.pull_consumer.PulledQueue`).
+    """One queue, polled by a task of its own (the loop: :class:`~consumer_kit.broker.kit.pull_consumer.PulledQueue`).
 
     Args:
         queue: the consumer-kit queue name.

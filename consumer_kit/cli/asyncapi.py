@@ -1,5 +1,5 @@
 """``consumer-kit asyncapi APP``: print (or write) the app's AsyncAPI 3.0 document
-(:mod:`consumer_kit.asyncapi`). Reads no setting: it needs neither a broker nor a database."""
+(:mod:`consumer_kit.ops.asyncapi`). Reads no setting: it needs neither a broker nor a database."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Annotated
 import typer
 
 from consumer_kit.app import load_app
-from consumer_kit.asyncapi import document
 from consumer_kit.cli.console import fail
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.ops.asyncapi import document
 
 
 def asyncapi(
-    app: Annotated[str, typer.Argument(help="The app as module:attribute, e.g. examples.invoices.app:app")],
+    app: Annotated[str, typer.Argument(help="The app as module:attribute, e.g. consumer_kit.demo.app:app")],
     out: Annotated[Path | None, typer.Option("--out", help="Write the document to FILE instead of stdout")] = None,
     version: Annotated[str, typer.Option(help="info.version of the contract (your app's version)")] = "1.0.0",
 ) -> None:

@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from consumer_kit.codec.plain_text import escape_controls
+from consumer_kit.codec.redaction import redact, redact_url
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.plain_text import escape_controls
-from consumer_kit.redaction import redact, redact_url
 from consumer_kit.settings import (
     BrokerSettings,
     DatabaseSettings,
@@ -336,7 +336,7 @@ def print_fields(title: str, pairs: Sequence[tuple[str, object]], console: Conso
 @contextlib.contextmanager
 def user_errors(settings: DatabaseSettings | None = None) -> Iterator[None]:
     """Turn the errors a user can fix into ``error: ...`` on stderr and exit code 2, secrets
-    masked (:func:`~consumer_kit.redaction.redact`): a driver's message may quote the URL it refused."""
+    masked (:func:`~consumer_kit.codec.redaction.redact`): a driver's message may quote the URL it refused."""
     url = settings.database_url if settings is not None and not settings.embedded else None
     where = f" at {redact_url(url)}" if url else ""
     try:

@@ -45,7 +45,7 @@ from consumer_kit.cli.console import (
     to_json,
     user_errors,
 )
-from consumer_kit.operator_actions import (
+from consumer_kit.ops.operator_actions import (
     RedriveOutcome,
     Refused,
     Row,

@@ -43,7 +43,7 @@ from consumer_kit.cli.prune import prune
 from consumer_kit.cli.serve_console import console as console_command
 from consumer_kit.cli.stats import stats as stats_command
 from consumer_kit.cli.watch import watch as watch_command
-from consumer_kit.embedded import database_url
+from consumer_kit.db.embedded import database_url
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings, TelemetrySettings
 from consumer_kit.telemetry.setup import install
@@ -57,7 +57,7 @@ cli = typer.Typer(
     "(postgresql://...; 'embedded' for a throwaway embedded PostgreSQL under .consumer-kit/pgdata) "
     "and CONSUMER_KIT_BROKER_URL (amqp://...; memory:// works only inside one process). Every "
     "setting: docs/reference/settings.md on consumer-kit's documentation site, or "
-    "`python -m consumer_kit.settings_reference`.",
+    "`python -m consumer_kit.settings.reference`.",
 )
 
 
@@ -143,7 +143,7 @@ def worker(
         require_shared_broker(settings, "consumer-kit worker")
         require_database(settings, "consumer-kit worker")
         if processes > 1:
-            from consumer_kit.supervisor import Supervisor, child_environment, worker_command
+            from consumer_kit.worker.supervisor import Supervisor, child_environment, worker_command
 
             env = child_environment(database_url(settings))
             extra = ["--log-level", console.log_level, "--library-log-level", console.library_log_level]
@@ -157,7 +157,7 @@ def worker(
             extra += ["--health-host", settings.health_host]
             extra += ["--otel"] if telemetry.otel else []
             raise typer.Exit(Supervisor(worker_command(app, extra), processes, env=env).run())
-        from consumer_kit.worker import Worker
+        from consumer_kit.worker.process import Worker
 
         application = load_app(app)
         installed = install(
@@ -182,7 +182,7 @@ async def _with_gauges(run: Coroutine[Any, Any, None], settings: Settings, gauge
     if not gauges:
         await run
         return
-    from consumer_kit.telemetry.gauges import DatabaseGauges
+    from consumer_kit.ops.gauges import DatabaseGauges
 
     async with DatabaseGauges(database_url(settings), settings.db_schema, ledger=True, interval=interval):
         await run
@@ -218,7 +218,7 @@ def declare(
 async def _declare(app: App, settings: Settings) -> tuple[list[list[str]], list[str]]:
     """Declare ``app``'s queues through the consumer and its event destinations through the
     publisher of ``settings.broker_url``; returns (names per queue, destinations)."""
-    from consumer_kit.brokers import open_consumer, open_publisher
+    from consumer_kit.broker.registry import open_consumer, open_publisher
 
     consumer = open_consumer(settings)
     try:

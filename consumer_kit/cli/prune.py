@@ -25,7 +25,7 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.cli.ledger import Schema, parse_duration
-from consumer_kit.embedded import database_url
+from consumer_kit.db.embedded import database_url
 from consumer_kit.ledger.outcome_counts import OUTCOME_COUNTS_RETENTION, OutcomeCountBook
 from consumer_kit.ledger.retention import Pruner
 from consumer_kit.settings import EMBEDDED, DatabaseSettings

@@ -24,10 +24,10 @@ from consumer_kit.cli.console import (
     require_shared_broker,
     user_errors,
 )
-from consumer_kit.extras import install_hint
-from consumer_kit.listen_address import check_host
-from consumer_kit.operator_actions import default_actor
+from consumer_kit.errors import install_hint
+from consumer_kit.ops.operator_actions import default_actor
 from consumer_kit.settings import OperatorConsoleSettings, OutboxSettings, Settings
+from consumer_kit.settings.listen_address import check_host
 from consumer_kit.settings.operator_console import MIN_TOKEN_CHARS
 
 TOKEN_VARIABLE = OperatorConsoleSettings.env_name_of("console_token")

@@ -3,7 +3,7 @@
     consumer-kit stats [--since 1h] [--json]
 
 Reads CONSUMER_KIT_DATABASE_URL and CONSUMER_KIT_DB_SCHEMA only (what the numbers mean:
-:mod:`consumer_kit.stats`). Duplicates, payload conflicts, in-progress collisions, uncertain
+:mod:`consumer_kit.ops.stats`). Duplicates, payload conflicts, in-progress collisions, uncertain
 outcomes and key-expiry refusals leave no ledger row of their own (one row per operation): they
 come from the workers' per-minute outcome counts (ledger migration 8), written every summary
 interval.
@@ -28,8 +28,8 @@ from consumer_kit.cli.console import (
     to_json,
 )
 from consumer_kit.cli.ledger import AsJson, Schema, _jsonable, _run, _settings, parse_duration
+from consumer_kit.ops.stats import Stats, StatsReader, age_text, duration_text
 from consumer_kit.settings import OutboxSettings
-from consumer_kit.stats import Stats, StatsReader, age_text, duration_text
 
 COLUMNS = (
     ("executed", "executed"), ("lease_recovered", "recovered"), ("failed", "failed"),

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from consumer_kit.brokers import EventTap, open_tap
+from consumer_kit.broker.registry import EventTap, open_tap
 from consumer_kit.cli.console import (
     LibraryLogLevel,
     LogLevel,

@@ -1,5 +1,5 @@
 """The operator's console: a small server-rendered web application (Starlette, Jinja2, htmx served
-as a static file) over the same operator actions as the CLI (:mod:`consumer_kit.operator_actions`).
+as a static file) over the same operator actions as the CLI (:mod:`consumer_kit.ops.operator_actions`).
 
 Pages: Needs a decision (parked operations, resolve them), Dead letters (grouped by reason,
 redrive a group or one message after a dry run), Pressure (the ledger and the outbox, last hour),

@@ -1,6 +1,6 @@
 """The console's pages and actions (Starlette): Needs a decision, Dead letters, Pressure, Audit.
 
-Every action goes through :mod:`consumer_kit.operator_actions`, the code ``consumer-kit ledger
+Every action goes through :mod:`consumer_kit.ops.operator_actions`, the code ``consumer-kit ledger
 resolve`` and ``consumer-kit dlq redrive`` run, and is written to the audit table. Producer text
 (keys, ids, reasons, details, bodies) reaches the page only through Jinja's autoescaping.
 """
@@ -28,6 +28,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from consumer_kit.app import App
+from consumer_kit.codec.plain_text import escape_controls
+from consumer_kit.codec.redaction import redact, redact_url
 from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, Guard, Identity, same_origin
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.identity import downstream_key
@@ -35,7 +37,7 @@ from consumer_kit.ledger.audit import AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, LedgerInspector, OperationDetail
 from consumer_kit.model.evidence import OPERATOR_EVIDENCE
 from consumer_kit.model.operation_row import NEEDS_RECONCILIATION
-from consumer_kit.operator_actions import (
+from consumer_kit.ops.operator_actions import (
     Group,
     Refused,
     Selection,
@@ -48,10 +50,8 @@ from consumer_kit.operator_actions import (
     redrive_dead_letters,
     resolve_parked,
 )
-from consumer_kit.plain_text import escape_controls
-from consumer_kit.redaction import redact, redact_url
+from consumer_kit.ops.stats import StatsReader, age_text, duration_text
 from consumer_kit.settings import Settings
-from consumer_kit.stats import StatsReader, age_text, duration_text
 
 logger = logging.getLogger("consumer_kit.console")
 
@@ -379,7 +379,7 @@ def _broker_label(settings: Settings) -> str:
 
 
 def _age(when: dt.datetime | None, now: dt.datetime | None = None) -> str:
-    """The age of ``when`` as :func:`~consumer_kit.stats.age_text` prints it; ``"-"`` for none."""
+    """The age of ``when`` as :func:`~consumer_kit.ops.stats.age_text` prints it; ``"-"`` for none."""
     if when is None:
         return "-"
     return age_text(((now or dt.datetime.now(dt.UTC)) - when).total_seconds())

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from consumer_kit.database import open_pool
+from consumer_kit.db.pool import open_pool
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.http.intent import RequestIntent
 from consumer_kit.http.operation import is_serving

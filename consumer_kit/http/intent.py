@@ -6,7 +6,7 @@ reused with another request. Here a route's :class:`RequestIntent` selects them:
 
 * the JSON body minus the route's volatile fields (``exclude``: ``"requested_at"``, or a dotted
   path into nested objects, ``"meta.trace_id"``), parsed by the strict rules of
-  :mod:`consumer_kit.strict_json` (no ``NaN``, no repeated keys, no number a float cannot hold);
+  :mod:`consumer_kit.codec.strict_json` (no ``NaN``, no repeated keys, no number a float cannot hold);
 * the path parameters (always: they name the resource);
 * the query parameters (all by default; ``query=False`` none, or a set of names).
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumer_kit import strict_json
+from consumer_kit.codec import strict_json
 from consumer_kit.errors import ConfigurationError, InvalidMessage
 from consumer_kit.identity import UnsupportedNumber, fingerprint_of
 
@@ -90,7 +90,7 @@ class RequestIntent:
         """The intent projection of ``request`` (shape in the module docstring).
 
         Raises:
-            InvalidBody: a JSON body that :func:`consumer_kit.strict_json.loads` refuses.
+            InvalidBody: a JSON body that :func:`consumer_kit.codec.strict_json.loads` refuses.
         """
         return {
             "body": self._body(request.body, request.content_type),

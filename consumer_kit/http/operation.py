@@ -21,7 +21,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from pydantic import BaseModel
 
-from consumer_kit.envelope import OPERATION_ID_HEADER, TENANT_HEADER
+from consumer_kit.codec.envelope import OPERATION_ID_HEADER, TENANT_HEADER
 from consumer_kit.errors import ConfigurationError, ContextSealed
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity

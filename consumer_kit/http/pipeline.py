@@ -143,7 +143,7 @@ class RequestPipeline:
     """Serves idempotent requests on the ledger of ``settings.db_schema``.
 
     Args:
-        pool: an ``autocommit`` pool (:func:`consumer_kit.database.open_pool`): its
+        pool: an ``autocommit`` pool (:func:`consumer_kit.db.pool.open_pool`): its
             ``lock_timeout`` bounds the wait on a concurrent request of the same key.
         settings: ``statement_timeout`` (each statement of consumer-kit's own and the COMMIT),
             ``lock_timeout``, ``handler_timeout`` (the endpoint), ``lease_seconds``, ``db_schema``.

@@ -142,7 +142,7 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         6,
-        # The key that signs consumer-kit's marks on the copies it sends (consumer_kit.marks): made
+        # The key that signs consumer-kit's marks on the copies it sends (consumer_kit.codec.marks): made
         # here at random (gen_random_uuid draws from the server's strong random source: 2 x 122
         # bits), so every worker, relay and CLI sharing this database shares it and producers,
         # who have no access to it, cannot forge a mark. One row; a deployment may set its own.

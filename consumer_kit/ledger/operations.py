@@ -14,6 +14,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from consumer_kit.db.prepared import SessionStatement
 from consumer_kit.ledger.operation_sql import operation_statements
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.fence import Fence
@@ -22,7 +23,6 @@ from consumer_kit.model.operation_row import OperationRow
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.retention import KEEP, Retention
 from consumer_kit.outbox import batch_events_params, events_params
-from consumer_kit.prepared import SessionStatement
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Ledger:
         ``watch`` (a claim committed on its own, under a lease), the row is watched by the stuck
         and reconciliation queries (``watch_since``) until it ends. With ``begin``, the claim opens
         the transaction: BEGIN goes with it in one round trip, the claim prepared once per session
-        (:mod:`consumer_kit.prepared`).
+        (:mod:`consumer_kit.db.prepared`).
 
         Raises:
             psycopg.errors.LockNotAvailable: a concurrent claimer held the key past ``lock_timeout``.

@@ -1,7 +1,7 @@
 """A delivery that passed decoding (steps 2 and 3): its handler, message and operation identity.
 
 :class:`Decoded` is generic in its handler so that this floor need not import the handler API:
-the pipeline holds a ``Decoded[Handler[Any]]`` (:data:`consumer_kit.decoding.DecodedDelivery`),
+the pipeline holds a ``Decoded[Handler[Any]]`` (:data:`consumer_kit.pipeline.decoding.DecodedDelivery`),
 while code below the handler API (telemetry) reads it as a ``Decoded[NamedOperation]``.
 """
 

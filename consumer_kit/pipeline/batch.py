@@ -32,13 +32,13 @@ from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
-from consumer_kit.decoding import DecodedDelivery as Decoded
-from consumer_kit.envelope import Envelope
+from consumer_kit.codec.envelope import Envelope
 from consumer_kit.handler import Context, batches_at_once
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (

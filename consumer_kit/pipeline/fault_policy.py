@@ -3,7 +3,7 @@
 :func:`fault_decision` takes the fault's kind (:func:`consumer_kit.pipeline.faults.classify`), how
 often it was retried in place, the operation's attempt counts and the settings' numbers, and
 returns what to do; it reads no clock, no database and no settings object, so every rule is
-unit-tested without a database (``tests/test_fault_policy.py``):
+unit-tested without a database (``tests/pipeline/test_fault_policy.py``):
 
 * *environment*: give the delivery back uncounted (the worker pauses and probes);
 * *message*: dead-letter at once (the same values fail the same way on every delivery);

@@ -36,11 +36,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
-from consumer_kit.database import bounded
-from consumer_kit.decoding import DecodedDelivery as Decoded
+from consumer_kit.codec.envelope import Envelope
+from consumer_kit.db.pool import bounded
 from consumer_kit.effects import Evidence, Reconciled
 from consumer_kit.effects import Verdict as Reconciliation
-from consumer_kit.envelope import Envelope
 from consumer_kit.errors import LeaseLost, PermanentFailure, SimulatedCrash
 from consumer_kit.handler import Context
 from consumer_kit.ledger import EvidenceBook
@@ -49,6 +48,7 @@ from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
     CommitUncertain,

@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from consumer_kit.database import bounded
+from consumer_kit.db.pool import bounded
 from consumer_kit.ledger import Claim, Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
 from consumer_kit.model import operation_row as states

@@ -3,7 +3,7 @@
 ``Runtime.process`` reads as the steps, each in a module of its own:
 
 1. **decode** and validate the body, compute scope, key and fingerprint
-   (:mod:`consumer_kit.decoding`; invalid: dead-letter with a reason);
+   (:mod:`consumer_kit.pipeline.decoding`; invalid: dead-letter with a reason);
 2. **isolate** (:mod:`consumer_kit.pipeline.isolation`): the key's lane, at most ``concurrency``
    deliveries at once, a *redelivered* message alone with a crash count (parked as
    ``crashed_worker`` after ``crash_limit`` deaths);
@@ -38,10 +38,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement, ack_all
-from consumer_kit.database import open_pool
-from consumer_kit.decoding import DecodedDelivery as Decoded
-from consumer_kit.decoding import decode
-from consumer_kit.envelope import Envelope
+from consumer_kit.codec.envelope import Envelope
+from consumer_kit.db.pool import open_pool
 from consumer_kit.errors import InvalidMessage, SimulatedCrash
 from consumer_kit.ledger import AttemptBook, AttemptCounts
 from consumer_kit.model.decision import Decision
@@ -51,6 +49,8 @@ from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.admission import Admission, GiveBack
 from consumer_kit.pipeline.batch import BatchItem, BatchOutcome, BatchPath
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
+from consumer_kit.pipeline.decoding import decode
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision, FaultLimits, fault_decision
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.isolation import Isolation

@@ -1,7 +1,7 @@
 """Running a handler inside a delivery's transaction: the pieces both paths share.
 
 The runtime sends BEGIN and COMMIT itself on an autocommit connection (the COMMIT carries the
-session reset in the same round trip, see :mod:`consumer_kit.database`), bounds each of them, and
+session reset in the same round trip, see :mod:`consumer_kit.db.pool`), bounds each of them, and
 watches the handler: it must return a usable, still-open transaction, within ``handler_timeout``,
 without committing it itself.
 """
@@ -16,9 +16,9 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
-from consumer_kit import prepared
-from consumer_kit.database import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
-from consumer_kit.deadlines import overran, step_bound
+from consumer_kit.db import prepared
+from consumer_kit.db.deadlines import overran, step_bound
+from consumer_kit.db.pool import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
 from consumer_kit.errors import RetryableError, StatementTimeout
 from consumer_kit.model.results import Result, StoredResult
 

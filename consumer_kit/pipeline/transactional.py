@@ -18,9 +18,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
-from consumer_kit.deadlines import DeliveryClock
-from consumer_kit.decoding import DecodedDelivery as Decoded
-from consumer_kit.envelope import Envelope
+from consumer_kit.codec.envelope import Envelope
+from consumer_kit.db.deadlines import DeliveryClock
 from consumer_kit.errors import PermanentFailure, StatementTimeout
 from consumer_kit.handler import Context
 from consumer_kit.identity import UnsupportedNumber
@@ -28,6 +27,7 @@ from consumer_kit.model.fence import Fence
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.operation import IntentUnder, Operations
 from consumer_kit.pipeline.transaction import (
     CommitUncertain,

@@ -24,7 +24,7 @@ line per setting that names the variable, the unit, the range and an example::
 
     CONSUMER_KIT_LOCK_TIMEOUT=0.0004: seconds, must be between 0.001 and 3600 (e.g. 5)
 
-:data:`SETTINGS_GROUPS` lists the tree for tools (``consumer_kit.settings_reference`` renders it).
+:data:`SETTINGS_GROUPS` lists the tree for tools (``consumer_kit.settings.reference`` renders it).
 """
 
 from __future__ import annotations

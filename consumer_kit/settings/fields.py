@@ -18,8 +18,8 @@ from pydantic import Field, SecretStr, ValidationError
 from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from consumer_kit.codec.redaction import redact_url
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.redaction import redact_url
 
 ENV_PREFIX = "CONSUMER_KIT_"
 """Prefix of every environment variable consumer-kit reads."""

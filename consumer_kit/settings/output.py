@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import field_validator
 
-from consumer_kit.listen_address import check_host, listen_host
+from consumer_kit.settings.listen_address import check_host, listen_host
 
 from .fields import GroupSettings, count, example, seconds
 

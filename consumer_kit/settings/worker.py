@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from consumer_kit.listen_address import check_host, listen_host
+from consumer_kit.settings.listen_address import check_host, listen_host
 
 from .broker import BrokerSettings
 from .fields import count, example, seconds

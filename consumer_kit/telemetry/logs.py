@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from consumer_kit.plain_text import escape_controls, escape_json_controls
+from consumer_kit.codec.plain_text import escape_controls, escape_json_controls
 from consumer_kit.telemetry.describe import describe_traceback
 
 if TYPE_CHECKING:

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumer_kit.errors import ConfigurationError
-from consumer_kit.extras import install_hint
+from consumer_kit.errors import ConfigurationError, install_hint
 
 logger = logging.getLogger("consumer_kit.telemetry")
 

@@ -61,7 +61,7 @@ from consumer_kit.telemetry.loggable import evidence_ids
 
 if TYPE_CHECKING:
     from consumer_kit.broker import Delivery
-    from consumer_kit.envelope import Envelope
+    from consumer_kit.codec.envelope import Envelope
     from consumer_kit.model.decision import Decision
     from consumer_kit.model.decoded import Decoded, NamedOperation
     from consumer_kit.model.events import PendingEvent

@@ -131,7 +131,7 @@ class Harness:
 
     async def start(self) -> None:
         """Create the schema (ledger, outbox, your tables), open the pool, start consuming."""
-        from consumer_kit.brokers import adapter_for
+        from consumer_kit.broker.registry import adapter_for
         from consumer_kit.pipeline.runtime import Runtime, open_pool
 
         async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumer_kit.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, TENANT_HEADER
+from consumer_kit.codec.envelope import MESSAGE_TYPE_HEADER, OPERATION_ID_HEADER, TENANT_HEADER
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError:  # a pytest-asyncio too old to know the setting: it does not warn either
         return
     # pytest has no public setter for an ini value; getini reads this cache first (pytest >= 3).
-    # tests/test_packaging.py runs the user project with -W error, so a change here fails there.
+    # tests/product/test_packaging.py runs the user project with -W error, so a change here fails there.
     config._inicache[_LOOP_SCOPE_INI] = "function"
 
 
@@ -76,7 +76,7 @@ def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if url and url.lower() != "embedded":
             yield url
             return
-    from consumer_kit.embedded import embedded_database_url
+    from consumer_kit.db.embedded import embedded_database_url
 
     yield embedded_database_url(tmp_path_factory.mktemp("consumer-kit-pgdata"))
 
@@ -84,7 +84,7 @@ def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def ck_memory_broker() -> Any:
     """A fresh in-process broker with peek-lock semantics (lock timeout 1 s)."""
-    from consumer_kit.brokers import adapter_for
+    from consumer_kit.broker.registry import adapter_for
 
     return adapter_for("memory://").MemoryBroker("ck-test", lock_timeout=1.0)
 

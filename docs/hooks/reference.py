@@ -65,10 +65,10 @@ def build_source_mirror(root: Path = ROOT, mirror: Path = MIRROR) -> Path:
 
 def settings_markdown() -> str:
     """The settings reference. The settings tree's own renderer when it exists
-    (``consumer_kit.settings_reference.render_markdown()``), else a table per settings class of
+    (``consumer_kit.settings.reference.render_markdown()``), else a table per settings class of
     today's layout: swap the fallback out by deleting it once the renderer has landed."""
     try:
-        from consumer_kit.settings_reference import render_markdown  # type: ignore[import-not-found]
+        from consumer_kit.settings.reference import render_markdown  # type: ignore[import-not-found]
     except ImportError:
         return _settings_of_current_classes()
     return str(render_markdown())

@@ -1,4 +1,4 @@
-"""``python -m consumer_kit.demo`` (installed) or ``python -m examples.invoices`` (clone): the demo."""
+"""``python -m consumer_kit.demo`` (installed) or ``python -m consumer_kit.demo`` (clone): the demo."""
 
 from __future__ import annotations
 

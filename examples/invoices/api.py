@@ -7,7 +7,7 @@ carrying the key as header ``operation-id`` and the client as ``tenant-id``. The
 it; the worker's ``CreateInvoiceHandler`` runs it with that key as its operation key. A retry with
 the key gets the same ``202`` back (``Idempotent-Replayed: true``) and writes nothing.
 
-    uvicorn examples.invoices.api:create_app --factory --port 8000
+    uvicorn consumer_kit.demo.api:create_app --factory --port 8000
 
 Clients authenticate with ``Authorization: Bearer <token>``; ``INVOICES_API_TOKENS`` maps tokens to
 client ids (JSON, default ``{"demo-token": "demo-client"}``).

@@ -1,6 +1,6 @@
 """The invoices example on the batch path (docs/how-to/batches.md).
 
-:class:`BatchCreateInvoiceHandler` is :class:`~examples.invoices.app.CreateInvoiceHandler` taking up
+:class:`BatchCreateInvoiceHandler` is :class:`~consumer_kit.demo.app.CreateInvoiceHandler` taking up
 to 50 deliveries per transaction. Its ``handle_batch`` writes the effects of all new operations of a
 batch with one statement per table (``unnest``), the customers' increments summed per customer and
 in customer order (two batches that touch the same customers lock them in the same order and never

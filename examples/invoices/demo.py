@@ -1,7 +1,7 @@
 """The demo: the invoices example against the embedded PostgreSQL and the memory broker.
 
 Run it with ``python -m consumer_kit.demo`` (installed: this folder, ``examples/invoices``, installs
-as ``consumer_kit.demo``) or, from a clone, ``python -m examples.invoices.demo``. It lives with the
+as ``consumer_kit.demo``) or, from a clone, ``python -m consumer_kit.demo.demo``. It lives with the
 example (not in the core) because it wires everything together: the core, the memory adapter and
 the relay; the core does not import it. Imports of this folder are relative, so both names work.
 
@@ -29,7 +29,7 @@ from rich.table import Table
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer, MemoryPublisher
 from consumer_kit.broker import Delivery
 from consumer_kit.cli.console import LibraryLogLevel, LogLevel, read_settings, setup_logging, user_errors
-from consumer_kit.embedded import database_url
+from consumer_kit.db.embedded import database_url
 from consumer_kit.errors import SimulatedCrash
 from consumer_kit.ledger import migrate
 from consumer_kit.model.outcomes import DeliveryReport

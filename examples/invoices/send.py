@@ -1,7 +1,7 @@
 """Send ``CreateInvoice`` commands to ``invoices.commands`` on RabbitMQ (the queue must exist:
-``consumer-kit declare examples.invoices.app:app`` creates it, as a worker does at start).
+``consumer-kit declare consumer_kit.demo.app:app`` creates it, as a worker does at start).
 
-    python -m examples.invoices.send --order-id 418 --revision 2 --customer c-1 --amount 1250 --times 3
+    python -m consumer_kit.demo.send --order-id 418 --revision 2 --customer c-1 --amount 1250 --times 3
 
 Each copy gets its own broker message id, as a producer retrying after a timeout would send it:
 only the operation key (derived from order id and revision) says they are one operation.
@@ -19,7 +19,7 @@ import typer
 from consumer_kit import ConfigurationError, OutgoingMessage, PublishError, Settings
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
 from consumer_kit.cli.console import fail, read_settings, require_shared_broker, setup_logging
-from consumer_kit.redaction import redact_url
+from consumer_kit.codec.redaction import redact_url
 
 from .app import CreateInvoice
 
@@ -38,12 +38,12 @@ def main(
     setup_logging("WARNING", "CRITICAL")  # the error below says why; no library tracebacks
     settings = read_settings(Settings)
     try:
-        require_shared_broker(settings, "examples.invoices.send")
+        require_shared_broker(settings, "consumer_kit.demo.send")
     except ConfigurationError as exc:
         fail(str(exc))
     if not settings.broker_url.startswith(("amqp://", "amqps://")):
         fail(
-            f"examples.invoices.send publishes to RabbitMQ only, and CONSUMER_KIT_BROKER_URL is "
+            f"consumer_kit.demo.send publishes to RabbitMQ only, and CONSUMER_KIT_BROKER_URL is "
             f"{redact_url(settings.broker_url)}: on SQS or Service Bus send the command as "
             "examples/invoices/README.md shows"
         )
@@ -74,7 +74,7 @@ def main(
     except PublishError as exc:
         if exc.transient or exc.permanent:
             fail(str(exc))
-        fail(f"{exc}: create it with `consumer-kit declare examples.invoices.app:app` (or start the worker)")
+        fail(f"{exc}: create it with `consumer-kit declare consumer_kit.demo.app:app` (or start the worker)")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from consumer_kit.demo.app import SCHEMA_SQL, CreateInvoiceHandler
 from consumer_kit.testing import CrashPoint
-from examples.invoices.app import SCHEMA_SQL, CreateInvoiceHandler
 
 ORDER = {
     "order_id": 418, "revision": 2, "customer_id": "c-1", "amount_cents": 1250,

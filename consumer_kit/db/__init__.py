@@ -1,0 +1,1 @@
+"""PostgreSQL plumbing: the pool, bounded statements, prepared statements, the embedded server."""

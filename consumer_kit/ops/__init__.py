@@ -1,0 +1,1 @@
+"""What operators use: the commands behind the CLI and the console, pressure statistics, gauges, the AsyncAPI document."""

@@ -1,0 +1,1 @@
+"""The worker process: its run loop, health endpoints and the multi-process supervisor."""

@@ -1,0 +1,139 @@
+"""`consumer-kit asyncapi APP` writes an AsyncAPI 3.0 document that the official AsyncAPI 3.0.0
+JSON Schema accepts, with each queue's message schemas, the headers a producer must send and the
+event destinations, for the invoices example and for an app with a shared queue."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft7Validator, Draft202012Validator
+from pydantic import BaseModel, Field
+from typer.testing import CliRunner
+
+from consumer_kit import App, Context, Envelope, Handler, Result
+from consumer_kit.cli.main import cli
+from consumer_kit.ops.asyncapi import document
+
+SCHEMA = json.loads((Path(__file__).parent / "asyncapi" / "asyncapi-3.0.0.schema.json").read_text())
+
+
+class Address(BaseModel):
+    street: str
+    city: str
+
+
+class ShipOrder(BaseModel):
+    """Nested models land in components.schemas, referenced from the payload."""
+
+    order_id: int = Field(ge=1)
+    to: Address
+    at: dt.datetime
+
+
+class CancelOrder(BaseModel):
+    order_id: int
+
+
+class ShipHandler(Handler[ShipOrder]):
+    """Ships an order."""
+
+    operation_type = "order.ship"
+
+    async def handle(self, message: ShipOrder, ctx: Context) -> Result:
+        return Result(status="shipped")
+
+
+class CancelHandler(Handler[CancelOrder]):
+    operation_type = "order.cancel"
+    message_type = "cancel"
+
+    def operation_key(self, message: CancelOrder, envelope: Envelope) -> str:
+        return f"cancel-{message.order_id}"
+
+    async def handle(self, message: CancelOrder, ctx: Context) -> Result:
+        return Result(status="cancelled")
+
+
+def shop() -> App:
+    app = App("shop", events=["shop.events", "audit"])
+    app.subscribe("orders", ShipHandler())
+    app.subscribe("orders", CancelHandler())  # two handlers share a queue: message-type picks one
+    return app
+
+
+def test_the_documents_are_valid_asyncapi_3() -> None:
+    from consumer_kit.demo.app import app as invoices
+
+    for app in (invoices, shop()):
+        errors = sorted(Draft7Validator(SCHEMA).iter_errors(document(app)), key=str)
+        assert errors == [], [f"{list(e.absolute_path)}: {e.message}" for e in errors]
+
+
+def test_a_broken_document_is_refused_by_the_schema() -> None:
+    """The validation can fail: the schema is really checked."""
+    broken = document(shop())
+    broken["operations"]["receive.orders"]["action"] = "consume"
+    assert not Draft7Validator(SCHEMA).is_valid(broken)
+
+
+def payload_validator(doc: dict[str, Any], message_id: str) -> Draft202012Validator:
+    return Draft202012Validator({"$ref": f"#/components/messages/{message_id}/payload", "components": doc["components"]})
+
+
+def test_the_invoices_queue_carries_the_handlers_model_and_its_headers() -> None:
+    from consumer_kit.demo.app import app as invoices
+
+    doc = document(invoices)
+    assert doc["channels"]["queue.invoices.commands"]["address"] == "invoices.commands"
+    assert doc["operations"]["receive.invoices.commands"]["action"] == "receive"
+    message = doc["components"]["messages"]["invoices.commands.CreateInvoice"]
+    assert set(message["payload"]["required"]) >= {"order_id", "revision", "customer_id", "amount_cents"}
+    headers = message["headers"]
+    assert {"operation-id", "tenant-id", "message-type", "partition-key", "correlation-id"} <= set(headers["properties"])
+    assert headers["properties"]["tenant-id"]["maxLength"] == 200
+    assert "required" not in headers  # its handler derives the key from the body without operation-id
+    assert doc["channels"]["events.billing.events"]["address"] == "billing.events"
+    assert doc["operations"]["send.billing.events"]["action"] == "send"
+    good = {"order_id": 1, "revision": 1, "customer_id": "c", "amount_cents": 5, "currency": "EUR",
+            "requested_at": "2026-01-01T00:00:00Z"}
+    validator = payload_validator(doc, "invoices.commands.CreateInvoice")
+    assert validator.is_valid(good)
+    assert not validator.is_valid({**good, "currency": "EURO"})
+
+
+def test_a_shared_queue_requires_message_type_and_a_default_key_requires_operation_id() -> None:
+    doc = document(shop())
+    messages = doc["components"]["messages"]
+    ship, cancel = messages["orders.ShipOrder"], messages["orders.cancel"]
+    assert ship["headers"]["required"] == ["operation-id", "message-type"]
+    assert ship["headers"]["properties"]["message-type"]["const"] == "ShipOrder"
+    assert cancel["headers"]["required"] == ["message-type"]  # it derives its key itself
+    assert cancel["headers"]["properties"]["message-type"]["const"] == "cancel"
+    assert ship["description"] == "Ships an order."
+    assert "Address" in doc["components"]["schemas"]
+    validator = payload_validator(doc, "orders.ShipOrder")
+    assert validator.is_valid({"order_id": 3, "to": {"street": "s", "city": "c"}, "at": "2026-01-01T00:00:00Z"})
+    assert not validator.is_valid({"order_id": 3, "to": {"street": "s"}, "at": "2026-01-01T00:00:00Z"})
+    assert [doc["channels"][c]["address"] for c in doc["channels"]] == ["orders", "shop.events", "audit"]
+
+
+def test_the_command_prints_the_document_or_writes_it_to_a_file(tmp_path: Path) -> None:
+    printed = CliRunner().invoke(cli, ["asyncapi", "consumer_kit.demo.app:app", "--version", "2.1.0"])
+    assert printed.exit_code == 0, printed.output
+    doc = json.loads(printed.stdout)
+    assert (doc["asyncapi"], doc["info"]["version"]) == ("3.0.0", "2.1.0")
+    target = tmp_path / "asyncapi.json"
+    written = CliRunner().invoke(cli, ["asyncapi", "consumer_kit.demo.app:app", "--out", str(target)])
+    assert written.exit_code == 0
+    assert json.loads(target.read_text()) == document(__import__("consumer_kit.demo.app", fromlist=["app"]).app)
+
+
+@pytest.mark.parametrize("path", ["examples/invoices/app.py", "consumer_kit.demo.app:nothing"])
+def test_a_bad_app_path_is_one_line_and_exit_2(path: str) -> None:
+    result = CliRunner().invoke(cli, ["asyncapi", path])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ")
