@@ -1,4 +1,4 @@
-"""Forged suspect marks benchmark (issue 20): does a producer that writes
+"""Forged suspect marks benchmark: does a producer that writes
 ``x-consumer-kit-redelivered: 1`` on every message still cut a worker's throughput?
 
 ``python -m benchmarks.forged_marks_bench [--messages 1000] [--concurrency 8] [--rounds 3]
@@ -104,7 +104,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "scenario": "forged_marks", "concurrency": args.concurrency, "runs": runs,
         "median_seconds": {"unmarked": statistics.median(unmarked), "marked": statistics.median(marked)},
         "marked_over_unmarked": round(statistics.median(marked) / statistics.median(unmarked), 3),
-        "before_signing (issue 20, 300 messages)": {"unmarked": 1.15, "marked": 7.7},
+        "before_signing (300 messages)": {"unmarked": 1.15, "marked": 7.7},
     }
 
 

@@ -232,7 +232,7 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
 
 
 def _batch_lines(batch: dict[str, Any]) -> list[str]:
-    """The batch path (issue 26): msg/s and the two per-round ratios per (concurrency, batch size)."""
+    """The batch path: msg/s and the two per-round ratios per (concurrency, batch size)."""
     rows = [k for k, v in batch.items() if isinstance(v, dict) and "ck_batch" in v]
     if not rows:
         return []

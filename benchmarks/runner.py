@@ -1,4 +1,4 @@
-"""Runs every scenario of issue 5 in one process and returns one results dict.
+"""Runs every benchmark scenario in one process and returns one results dict.
 
 Each throughput figure comes from a consumer *process* (``benchmarks.consumers``) draining a
 pre-filled quorum queue; variants alternate inside each round, so a round's ratio compares runs
@@ -187,7 +187,7 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
     return out
 
 
-# -- the batch path (issue 26) ------------------------------------------------------------------
+# -- the batch path ------------------------------------------------------------------
 
 BATCH_VARIANTS = ("naive", "naive_batch", "ck_batch")
 BATCH_SIZES = (10, 50)
@@ -607,7 +607,7 @@ def run_all(mode_name: str, only: set[str] | None = None) -> dict[str, Any]:
 
 
 def _scale_steps(mode: Mode, db_url: str) -> list[tuple[str, Any]]:
-    """Scenarios 8-11 (issue 15): relay drain against backlog size under stale statistics,
+    """Scenarios 8-11: relay drain against backlog size under stale statistics,
     processes on one queue, the outbox NOTIFY switch, uvloop. The smoke run keeps the drain and
     a 2-process scale-out only (the others reuse the same machinery)."""
     from benchmarks import drain_bench, scaleout_bench

@@ -3,6 +3,7 @@
 The public API is re-exported here; see docs/tutorial.md for a walkthrough.
 """
 
+from consumer_kit._checkout import map_folders
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, Settlement
 from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
@@ -26,6 +27,8 @@ from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.settings import Settings
 from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
+
+map_folders()  # from a source checkout: adapters/, outbox_relay/, examples/invoices/ by their installed names
 
 __all__ = [
     "App",

@@ -1,7 +1,7 @@
 """External effects: what a handler that calls something outside PostgreSQL works with.
 
-A handler with ``external_effects = True`` takes the *leased path* (DESIGN.md "External
-effects"): the claim commits first as ``processing`` under a lease (owner, expiry, attempt); the
+A handler with ``external_effects = True`` takes the *leased path*
+(docs/how-to/external-effects.md): the claim commits first as ``processing`` under a lease (owner, expiry, attempt); the
 handler calls the remote side with a **downstream idempotency key** (``ctx.downstream_key``),
 records **evidence** before and after the call (``ctx.record_evidence``), then writes its local
 state in the completion transaction (``await ctx.begin()``), which commits with the ledger's

@@ -1,6 +1,6 @@
 """Operation identity: scope, key and fingerprint of the canonical intent projection.
 
-Rules (DESIGN.md "Words"): the *scope* is tenant + operation type + version; the *key* is stable
+Rules (docs/explanation/architecture.md, "Words"): the *scope* is tenant + operation type + version; the *key* is stable
 across retries; the *fingerprint* is SHA-256 over canonical JSON of the message minus its excluded
 (volatile) fields. Canonical JSON here means: object keys sorted, no insignificant whitespace, strings
 NFC-normalised, numbers by value (``10``, ``10.0`` and ``Decimal("10.00")`` are one number), aware

@@ -1,4 +1,4 @@
-"""The tenant a deployment can trust (issue 20): ``Delivery.sender`` is the broker-authenticated
+"""The tenant a deployment can trust: ``Delivery.sender`` is the broker-authenticated
 producer (RabbitMQ's validated ``user_id``, SQS's ``SenderId``, the memory broker's test value), and
 ``Handler.tenant_senders`` allows each sender only its tenants. A producer claiming another tenant
 is dead-lettered at once as ``invalid_header`` naming ``tenant-id``: never executed, no ledger row,

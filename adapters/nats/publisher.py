@@ -11,7 +11,7 @@ ledger's to answer.
 
 **Size.** Headers plus body are checked against the server's ``max_payload`` and the target
 stream's ``max_msg_size`` (looked up once per subject) before anything is sent: a message that
-can never fit never reaches the connection others share (DESIGN.md "Faults and attempts").
+can never fit never reaches the connection others share (docs/explanation/faults-and-attempts.md).
 """
 
 from __future__ import annotations

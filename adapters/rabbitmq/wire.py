@@ -5,8 +5,8 @@ frame at every level, inside the connection's frame reader. A table of arrays ne
 thousands of levels deep (a producer can send one) raises ``RecursionError`` there, before any
 consumer-kit code runs, and the reader's failure closes the **whole connection**: every delivery
 on it goes back, and the message returns and does it again, until the broker's delivery limit.
-One message must never close a connection that other deliveries share (DESIGN.md "Faults and
-attempts").
+One message must never close a connection that other deliveries share
+(docs/explanation/faults-and-attempts.md).
 
 :func:`install` wraps pamqp's decoder of top-level tables (content-header properties such as
 ``headers``, and method arguments) with a depth check that walks the encoded bytes without

@@ -396,8 +396,8 @@ class ServiceBusDelivery(Delivery):
         Service Bus refused it (lock lost) or it was never sent (lock known lost, message already
         settled in the SDK). Any other failure (the settle timeout, a lost or late reply, a dropped
         link, cancellation) leaves the outcome unknown: Service Bus may have applied it, so it stays
-        remembered. (Forgetting it made the next delivery a suspect, the race fixed on SQS in
-        issue 24.) If it was not applied, the lock lapses, Service Bus counts the same one delivery,
+        remembered. (Forgetting it made the next delivery a suspect, the race fixed on SQS
+        too.) If it was not applied, the lock lapses, Service Bus counts the same one delivery,
         and the redelivery is still our own give-back: no worker died holding it."""
         give_backs = self._route.give_backs
         give_backs.record(self.queue, self.sequence_number, self._broker_count, suspect=self.redelivered)

@@ -28,8 +28,7 @@ coming back).
 **Held retries (FIFO).** SQS counts every receive towards the redrive policy's
 ``maxReceiveCount``, and a FIFO retry given back to SQS gives back the rest of its message group
 too (it must not run first): each attempt of a failing head would then cost every follower in
-hand a receive, and SQS would move healthy followers to the DLQ, without a reason and never run
-(issue 24). So on a FIFO queue with the heartbeat on, a retry keeps the message: the delivery's
+hand a receive, and SQS would move healthy followers to the DLQ, without a reason and never run. So on a FIFO queue with the heartbeat on, a retry keeps the message: the delivery's
 :attr:`successor` (same receipt handle and lock, ``delivery_count + 1``, not redelivered) stays
 held and extended, and the group's lane (:mod:`consumer_kit.adapters.sqs.fifo`) runs it after the
 delay, its followers still waiting, held, behind it. Every message is received once; attempts are
@@ -282,7 +281,7 @@ class SQSDelivery(PulledDelivery):
             raise
         # Anything else (the settle timeout, a lost reply, cancellation) leaves the outcome
         # unknown: SQS may have applied the change, so the give-back stays remembered. Forgetting
-        # it made the next receive a "redelivery" on a loaded machine (issue 24); if the change
+        # it made the next receive a "redelivery" on a loaded machine; if the change
         # was not applied, the lock lapses and the receive it brings is still our own give-back.
 
     async def _copy_then_delete(

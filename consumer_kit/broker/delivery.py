@@ -33,7 +33,7 @@ class Delivery(abc.ABC):
         delivery_count: 1 on the first delivery, 2 on the first redelivery, ... (source per broker:
             RabbitMQ ``x-delivery-count`` plus consumer-kit's copies, SQS ``ApproximateReceiveCount``,
             Service Bus ``delivery_count + 1``). Informational: consumer-kit's own attempt count,
-            kept in the ledger, decides dead-lettering (DESIGN.md "Faults and attempts").
+            kept in the ledger, decides dead-lettering (docs/explanation/faults-and-attempts.md).
         redelivered: the broker handed this message out before and no consumer-kit settlement
             ended that hand-over (the worker died, its connection was lost, its lock expired), or
             the adapter cannot tell. The runtime runs such a delivery alone and counts it as a

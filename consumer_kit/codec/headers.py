@@ -1,6 +1,6 @@
 """consumer-kit's own headers and properties: their one definition and the one codec that reads them.
 
-A message is untrusted input, its headers included (DESIGN.md "Trust"). Every header consumer-kit
+A message is untrusted input, its headers included (docs/explanation/trust.md). Every header consumer-kit
 itself reads is listed here once, with its type, its range and what a bad value does. A value is
 *bad* when it has the wrong type, is out of range (negative, a count above :data:`MAX_COUNT`,
 2^63 as an int, a float or text), is non-finite, nested (a list or map, however deep), longer

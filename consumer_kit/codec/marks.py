@@ -1,6 +1,6 @@
 """The key that authenticates consumer-kit's own marks on a message, and the signature over them.
 
-A producer can write any header (DESIGN.md "Trust"), so the bookkeeping consumer-kit keeps on the
+A producer can write any header (docs/explanation/trust.md), so the bookkeeping consumer-kit keeps on the
 copies it makes (delivery count, suspect mark, original message id, first enqueue time, dead-letter
 reason, original queue) is believed only when signed: one HMAC-SHA256 over the marks' names and
 values and the SHA-256 of the body, under a key producers do not have.

@@ -42,7 +42,7 @@ of the route's intent is compared under that version (``RequestIntent.earlier``)
 route no longer declares, or a body that cannot be projected under it, means the intents cannot be
 compared: the request is never run and never answered with the stored response, but with the
 ``operation-needs-reconciliation`` problem (``409``), as the runtime dead-letters such a message as
-``needs_reconciliation``. (Before issue 19 the front door answered ``422`` here.)
+``needs_reconciliation``. (Before the fix the front door answered ``422`` here.)
 """
 
 from __future__ import annotations

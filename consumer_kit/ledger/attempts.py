@@ -1,6 +1,6 @@
 """The ``attempts`` table: consumer-kit's own count of what went wrong for an operation.
 
-DESIGN.md "Faults and attempts": only a fault of the message may cost it an attempt, so the count
+docs/explanation/faults-and-attempts.md: only a fault of the message may cost it an attempt, so the count
 that decides dead-lettering is kept here, per operation (scope, key), not taken from the broker
 (whose delivery count also grows with crashes, lost connections and shutdowns):
 

@@ -48,7 +48,7 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
     ),
     (
         2,
-        # consumer-kit's own attempt count per operation (DESIGN.md "Faults and attempts"): it, not
+        # consumer-kit's own attempt count per operation (docs/explanation/faults-and-attempts.md): it, not
         # the broker's delivery count, decides dead-lettering. Written only when something went
         # wrong (a handler fault, contention) or a redelivered message runs alone, so the common
         # path never touches it. ``running_*`` marks a run alone in progress, renewed while it runs:

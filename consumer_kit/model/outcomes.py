@@ -1,4 +1,4 @@
-"""What the runtime decided for one delivery (DESIGN.md "outcome") and its report."""
+"""What the runtime decided for one delivery (docs/explanation/architecture.md, "Words") and its report."""
 
 from __future__ import annotations
 

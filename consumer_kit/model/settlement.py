@@ -1,4 +1,4 @@
-"""How a delivery was finished (DESIGN.md "settle"); adapters import it from :mod:`consumer_kit.broker`."""
+"""How a delivery was finished (docs/explanation/architecture.md, "Words"); adapters import it from :mod:`consumer_kit.broker`."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The delivery pipeline: decode, isolate, run, settle, report (DESIGN.md "One delivery")."""
+"""The delivery pipeline: decode, isolate, run, settle, report (docs/explanation/one-delivery.md)."""

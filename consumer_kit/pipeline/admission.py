@@ -1,4 +1,4 @@
-"""Admission: when a delivery of this process may run (DESIGN.md "Faults and attempts").
+"""Admission: when a delivery of this process may run (docs/explanation/faults-and-attempts.md).
 
 Three rules, one object:
 

@@ -1,4 +1,4 @@
-"""The batch path: many deliveries, one transaction (DESIGN.md "One state machine, three callers":
+"""The batch path: many deliveries, one transaction (docs/explanation/architecture.md, "One state machine":
 "the same machine over a set of keys"; docs/how-to/batches.md).
 
 One transaction per batch: **one claim statement** for every key, sent with BEGIN in one round trip

@@ -22,8 +22,7 @@ class CrashPoint(enum.StrEnum):
     AFTER_CLAIM = "after_claim"  # claim done (leased path: committed), effect not yet applied
     IN_HANDLER = "in_handler"  # the handler has run, its writes are not committed
     AFTER_COMMIT_BEFORE_ACK = "after_commit_before_ack"
-    # Reserved for the leased external-effects path (DESIGN.md), which is not built yet: nothing
-    # reaches this point today.
+    # leased path: reached when evidence of a remote call is recorded (docs/how-to/external-effects.md)
     DURING_EXTERNAL_CALL = "during_external_call"  # remote side accepted, reply lost
     AFTER_PUBLISH_BEFORE_MARK = "after_publish_before_mark"  # relay: broker confirmed, row not marked
     BEFORE_ACK = "before_ack"  # any settlement about to happen (duplicates too)

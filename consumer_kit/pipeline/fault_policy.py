@@ -1,4 +1,4 @@
-"""What a fault costs a delivery: a pure function (DESIGN.md "Faults and attempts").
+"""What a fault costs a delivery: a pure function (docs/explanation/faults-and-attempts.md).
 
 :func:`fault_decision` takes the fault's kind (:func:`consumer_kit.pipeline.faults.classify`), how
 often it was retried in place, the operation's attempt counts and the settings' numbers, and

@@ -1,4 +1,4 @@
-"""Which kind of fault an exception is (DESIGN.md "Faults and attempts").
+"""Which kind of fault an exception is (docs/explanation/faults-and-attempts.md).
 
 Only a fault of the message may cost it an attempt. Every error the runtime sees while processing
 a delivery is one of:

@@ -1,5 +1,5 @@
-"""Isolation: when a delivery may run, and crash isolation for redelivered messages (DESIGN.md
-"Faults and attempts", the *crash* row).
+"""Isolation: when a delivery may run, and crash isolation for redelivered messages
+(docs/explanation/faults-and-attempts.md, the *crash* row).
 
 A delivery first waits for its partition key's lane (:mod:`consumer_kit.pipeline.lanes`; waiting
 there holds no slot), then for admission (:mod:`consumer_kit.pipeline.admission`): at most

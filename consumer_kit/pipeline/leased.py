@@ -1,4 +1,4 @@
-"""The leased path: a handler with external effects (DESIGN.md "External effects").
+"""The leased path: a handler with external effects (docs/how-to/external-effects.md).
 
 One remote call cannot sit inside a PostgreSQL transaction, and a timeout is not proof of
 failure, so a handler with ``external_effects = True`` runs like this:

@@ -1,4 +1,4 @@
-"""The runtime: one delivery, step by step (DESIGN.md "One delivery" and "Faults and attempts").
+"""The runtime: one delivery, step by step (docs/explanation/one-delivery.md and "Faults and attempts").
 
 ``Runtime.process`` reads as the steps, each in a module of its own:
 

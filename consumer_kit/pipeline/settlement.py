@@ -3,7 +3,7 @@
 
 The rules themselves live elsewhere: what a ledger row means in
 :mod:`consumer_kit.pipeline.operation`, what a fault costs in :mod:`consumer_kit.pipeline.fault_policy`;
-this module only says how each answer is told to the broker (DESIGN.md "One delivery", step 5).
+this module only says how each answer is told to the broker (docs/explanation/one-delivery.md, step 5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The transactional path: one delivery, one transaction (DESIGN.md "One delivery", steps 4 to 8).
+"""The transactional path: one delivery, one transaction (docs/explanation/one-delivery.md, steps 4 to 8).
 
 BEGIN and the claim go in one round trip (:meth:`~consumer_kit.pipeline.operation.Operations.claim`
 with ``begin``); an existing row's verdict is the answer; otherwise the handler runs in the same
@@ -149,7 +149,7 @@ class TransactionalPath:
             # A processing row whose lease expired was committed by a run that died (a handler
             # with external effects, or one that committed its own transaction). This handler
             # declares no external effects, so nothing can reconcile it: never run it again
-            # blindly (DESIGN.md "External effects"). Park it in this transaction, as the run
+            # blindly (docs/how-to/external-effects.md). Park it in this transaction, as the run
             # that died would have: such a row may carry no watch_since (a transactional claim
             # committed by the handler), and the gauges and `ledger list` see only watched rows.
             return await self.operations.park(
@@ -162,7 +162,7 @@ class TransactionalPath:
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         ctx = Context(conn, identity, envelope)
         # A PermanentFailure propagates: the whole transaction (claim included) rolls back and
-        # execute() records the failure in a transaction of its own (DESIGN.md step 8). No
+        # execute() records the failure in a transaction of its own (docs/explanation/one-delivery.md, step 8). No
         # savepoint on the common path: it would cost two round trips on every delivery.
         try:
             with commit_forbidden(conn):

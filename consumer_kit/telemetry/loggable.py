@@ -1,4 +1,4 @@
-"""What a log line may hold (DESIGN.md "Style": ids, never payloads).
+"""What a log line may hold (docs/explanation/architecture.md, "Logs carry ids": ids, never payloads).
 
 Ids (operation key, scope, message id, event ids, correlation id, downstream request ids),
 outcomes, reasons, counts and times; header values only of :data:`LOGGED_HEADERS`; evidence values

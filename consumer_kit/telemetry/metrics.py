@@ -10,7 +10,7 @@ exists). The Prometheus exporter turns ``consumer_kit.handler.duration`` (``s``)
 ``consumer_kit_handler_duration_seconds`` and ``consumer_kit.deliveries`` (a counter) into
 ``consumer_kit_deliveries_total``: :meth:`MetricSpec.prometheus_names` says which.
 
-Per-delivery cost (issue 15 measures it): one counter add for ``consumer_kit.deliveries``, one for
+Per-delivery cost (benchmarks/ measures it): one counter add for ``consumer_kit.deliveries``, one for
 the outcome's own counter (and one for ``consumer_kit.dead_letters`` when dead-lettered), three
 histogram records (delivery, claim wait, handler); attribute dicts are cached per
 (queue, operation type, outcome), so nothing is built per delivery.

@@ -47,7 +47,7 @@ import contextlib
 import contextvars
 import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from opentelemetry import context as otel_context
@@ -60,13 +60,23 @@ from consumer_kit.telemetry.describe import describe_error
 from consumer_kit.telemetry.loggable import evidence_ids
 
 if TYPE_CHECKING:
-    from consumer_kit.broker import Delivery
     from consumer_kit.codec.envelope import Envelope
     from consumer_kit.model.decision import Decision
     from consumer_kit.model.decoded import Decoded, NamedOperation
     from consumer_kit.model.events import PendingEvent
 
 tracer = trace.get_tracer("consumer_kit")
+
+
+class TracedDelivery(Protocol):
+    """What a span reads of a delivery (:class:`consumer_kit.broker.Delivery` has it): telemetry
+    stands below the broker contract, so it names only these attributes."""
+
+    queue: str
+    headers: Mapping[str, Any]
+    message_id: str | None
+    delivery_count: int
+    redelivered: bool
 
 MESSAGING_SYSTEMS = {
     "amqp": "rabbitmq", "amqps": "rabbitmq", "sqs": "aws_sqs", "servicebus": "servicebus",
@@ -186,7 +196,7 @@ class DeliveryTrace:
 
 
 @contextlib.contextmanager
-def delivery_span(delivery: Delivery, system: str) -> Iterator[DeliveryTrace]:
+def delivery_span(delivery: TracedDelivery, system: str) -> Iterator[DeliveryTrace]:
     """The ``process {queue}`` CONSUMER span of one delivery, continuing the producer's context
     from its headers; current (with its :class:`DeliveryTrace`) until the block ends."""
     with tracer.start_as_current_span(
@@ -197,15 +207,7 @@ def delivery_span(delivery: Delivery, system: str) -> Iterator[DeliveryTrace]:
         token = _current.set(notes)
         try:
             if span.is_recording():
-                span.set_attributes({
-                    "messaging.system": system,
-                    "messaging.destination.name": delivery.queue,
-                    "messaging.message.id": delivery.message_id or "",
-                    "messaging.operation.type": "process",
-                    "messaging.operation.name": "process",
-                    "consumer_kit.delivery_count": delivery.delivery_count,
-                    "consumer_kit.redelivered": delivery.redelivered,
-                })
+                span.set_attributes(_delivery_attributes(delivery, system))
             yield notes
         finally:
             _current.reset(token)
@@ -229,7 +231,7 @@ def batch_span(queue: str, system: str, size: int) -> Iterator[trace.Span]:
         yield span
 
 
-def member_span(delivery: Delivery, system: str, batch: trace.Span) -> DeliveryTrace:
+def member_span(delivery: TracedDelivery, system: str, batch: trace.Span) -> DeliveryTrace:
     """The ``process {queue}`` span of one delivery of a batch: the same span as
     :func:`delivery_span` (continuing the producer's context), linked to the ``batch`` span and
     not current (:func:`as_current` makes it so around the delivery's own steps). The caller ends
@@ -240,16 +242,20 @@ def member_span(delivery: Delivery, system: str, batch: trace.Span) -> DeliveryT
         record_exception=False, set_status_on_exception=False,
     )
     if span.is_recording():
-        span.set_attributes({
-            "messaging.system": system,
-            "messaging.destination.name": delivery.queue,
-            "messaging.message.id": delivery.message_id or "",
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "consumer_kit.delivery_count": delivery.delivery_count,
-            "consumer_kit.redelivered": delivery.redelivered,
-        })
+        span.set_attributes(_delivery_attributes(delivery, system))
     return DeliveryTrace(span)
+
+
+def _delivery_attributes(delivery: TracedDelivery, system: str) -> dict[str, Any]:
+    return {
+        "messaging.system": system,
+        "messaging.destination.name": delivery.queue,
+        "messaging.message.id": delivery.message_id or "",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "consumer_kit.delivery_count": delivery.delivery_count,
+        "consumer_kit.redelivered": delivery.redelivered,
+    }
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 * **Concurrency** is one limit per process, across all its queues (``concurrency``); the pool is
   sized from it. Each queue may hand out ``prefetch`` deliveries ahead (default: concurrency).
-* **Environment faults** (DESIGN.md "Faults and attempts"): when a delivery meets an unavailable
+* **Environment faults** (docs/explanation/faults-and-attempts.md): when a delivery meets an unavailable
   database, the worker *pauses*: it stops the broker from handing out deliveries, gives back the
   ones it holds (uncounted), reports not-ready, and probes the database with backoff (up to
   ``probe_backoff_max`` seconds apart) until a new session can write; then it replaces its pooled

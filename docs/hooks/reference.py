@@ -11,16 +11,15 @@ A page asks for a generated part with a marker line of its own:
 
 A marker nobody knows stops the build (a typo must not publish an empty page).
 
-It also lays out the installed package tree for mkdocstrings (:func:`build_source_mirror`): the
-repository folders ``adapters/`` and ``outbox_relay/`` install as ``consumer_kit.adapters`` and
-``consumer_kit.outbox_relay`` through setuptools' package-dir, which griffe's static loader cannot
-follow, so ``build/docs-src/consumer_kit`` holds links to the real files in the installed layout.
+It also lays out the installed package tree for mkdocstrings (:func:`build_source_mirror`): griffe's
+static loader reads files by their import names, and pyproject.toml maps some folders under other
+names (``adapters/`` installs as ``consumer_kit.adapters``), so ``build/docs-src`` holds links to the
+real files in the installed layout (:func:`consumer_kit._checkout.lay_out`).
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,10 +28,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 MIRROR = ROOT / "build" / "docs-src"
 """Where mkdocstrings reads the sources (``paths`` in mkdocs.yml)."""
-PACKAGE_DIRS = {"consumer_kit": "consumer_kit", "consumer_kit/adapters": "adapters",
-                "consumer_kit/outbox_relay": "outbox_relay"}
-"""Installed package path -> repository folder: pyproject.toml's [tool.setuptools.package-dir]."""
-
 MARKER = re.compile(r"^<!-- generated: ([a-z_-]+) -->$", re.M)
 
 
@@ -40,92 +35,22 @@ MARKER = re.compile(r"^<!-- generated: ([a-z_-]+) -->$", re.M)
 
 
 def build_source_mirror(root: Path = ROOT, mirror: Path = MIRROR) -> Path:
-    """Lay out ``mirror/consumer_kit`` as the wheel installs it, as symbolic links to the
-    repository's files (never copies: a page always documents the code as it is). Returns
-    ``mirror``. Idempotent; stale links are replaced."""
-    for installed, folder in PACKAGE_DIRS.items():
-        target = mirror / installed
-        target.mkdir(parents=True, exist_ok=True)
-        for entry in sorted((root / folder).iterdir()):
-            if entry.name == "__pycache__":
-                continue
-            if entry.is_dir() and f"{installed}/{entry.name}" in PACKAGE_DIRS:
-                continue  # a mapped subpackage: its own folder is laid out above
-            link = target / entry.name
-            if link.is_symlink() or link.exists():
-                if link.is_symlink() and link.resolve() == entry.resolve():
-                    continue
-                link.unlink()
-            link.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-    return mirror
+    """Lay out ``mirror/consumer_kit`` as the wheel installs it (links to the repository's files,
+    never copies: a page always documents the code as it is). Returns ``mirror``."""
+    from consumer_kit._checkout import lay_out
+
+    return lay_out(mirror, root)
 
 
 # -- settings ------------------------------------------------------------------------------------------
 
 
 def settings_markdown() -> str:
-    """The settings reference. The settings tree's own renderer when it exists
-    (``consumer_kit.settings.reference.render_markdown()``), else a table per settings class of
-    today's layout: swap the fallback out by deleting it once the renderer has landed."""
-    try:
-        from consumer_kit.settings.reference import render_markdown  # type: ignore[import-not-found]
-    except ImportError:
-        return _settings_of_current_classes()
+    """The settings reference, rendered by the settings tree itself
+    (:func:`consumer_kit.settings.reference.render_markdown`)."""
+    from consumer_kit.settings.reference import render_markdown
+
     return str(render_markdown())
-
-
-def _settings_of_current_classes() -> str:
-    from consumer_kit.adapters.servicebus.config import ServiceBusSettings
-    from consumer_kit.outbox_relay.settings import OutboxSettings, RelaySettings
-    from consumer_kit.settings import DatabaseSettings, Settings
-
-    groups: list[tuple[str, str, type[Any], tuple[type[Any], ...]]] = [
-        ("Database", "Read by every command that touches the database, and all that"
-         " `consumer-kit migrate` reads.", DatabaseSettings, ()),
-        ("Worker", "Read by `consumer-kit worker` (and by the HTTP front door's `Settings`), on top"
-         " of the database settings.", Settings, (DatabaseSettings,)),
-        ("Outbox", "The outbox's rules: read by `outbox-relay` and by `outbox-relay status`,"
-         " `requeue` and `cleanup`, on top of the database settings.", OutboxSettings, (DatabaseSettings,)),
-        ("Relay", "Read by `outbox-relay` on top of the worker's and the outbox's settings (it"
-         " uses the broker URL and `SETTLE_TIMEOUT` as its confirm timeout).", RelaySettings,
-         (Settings, OutboxSettings)),
-        ("Service Bus", "Read by the Service Bus adapter (broker URL `servicebus://`).",
-         ServiceBusSettings, ()),
-    ]
-    parts = []
-    for title, intro, model, inherited in groups:
-        known = {name for base in inherited for name in base.model_fields}
-        prefix = model.model_config.get("env_prefix", "")
-        rows = [
-            f"| `{prefix}{name.upper()}` | {_cell(_default(field))}"
-            f" | {_cell(field.description or '')} Type: `{_type_name(field.annotation).replace(' | ', ' or ')}`. |"
-            for name, field in model.model_fields.items() if name not in known
-        ]
-        parts.append(
-            f"## {title}\n\n{intro} Class `{model.__module__}.{model.__qualname__}`.\n\n"
-            "| variable | default | meaning, unit and range |\n|---|---|---|\n" + "\n".join(rows)
-        )
-    return "\n\n".join(parts) + "\n"
-
-
-def _type_name(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if not getattr(annotation, "__args__", None) else None
-    text = text or str(annotation)
-    text = re.sub(r"\b(?:typing|pathlib|pydantic\.types|annotated_types)\.", "", text)
-    return re.sub(r"Annotated\[(.*?), .*\]$", r"\1", text)
-
-
-def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        return "computed"
-    value = field.default
-    if value is None:
-        return "unset"
-    if isinstance(value, enum.Enum):
-        value = value.value
-    if isinstance(value, (list, dict)):
-        return f"`{json.dumps(value)}`"
-    return f"`{value}`"
 
 
 def _cell(text: str) -> str:

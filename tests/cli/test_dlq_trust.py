@@ -1,4 +1,4 @@
-"""``consumer-kit dlq`` believes only consumer-kit's signed marks (issue 20), on real RabbitMQ: a
+"""``consumer-kit dlq`` believes only consumer-kit's signed marks, on real RabbitMQ: a
 message the broker dead-lettered itself keeps its producer's headers, and those name neither the
 reason shown nor the queue a redrive publishes to."""
 

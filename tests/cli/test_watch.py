@@ -1,5 +1,5 @@
 """``consumer-kit watch``: a newcomer sees the event the relay publishes to an exchange nothing is
-bound to (issue 21), on a real RabbitMQ, and the tap leaves nothing behind."""
+bound to, on a real RabbitMQ, and the tap leaves nothing behind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""consumer-kit's marks are believed only under a valid signature (issue 20: a producer cannot steer
+"""consumer-kit's marks are believed only under a valid signature (a producer cannot steer
 the bookkeeping). Codec level: every mark, forged, tampered, under another key, rotated."""
 
 from __future__ import annotations

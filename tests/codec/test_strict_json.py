@@ -1,4 +1,4 @@
-"""Input the runtime must refuse or read exactly (issue 9): JSON with one meaning, numbers compared by
+"""Input the runtime must refuse or read exactly: JSON with one meaning, numbers compared by
 value, a sealed handler context, fingerprints across projection versions, the broker's own
 correlation id. The hostile corpus (tests/system/hostile) runs the body cases through the whole runtime;
 these tests pin the rules themselves and the cases that need a handler of their own.

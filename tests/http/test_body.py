@@ -1,4 +1,4 @@
-"""The HTTP front door's body limit (issue 20): ``IdempotencyPolicy.max_body_bytes`` is checked
+"""The HTTP front door's body limit: ``IdempotencyPolicy.max_body_bytes`` is checked
 against ``Content-Length`` and while a chunked body streams in, answered ``413`` problem+json before
 any lookup (no ledger row, the endpoint not run); a body exactly at the limit is served; a large
 body is parsed and fingerprinted off the event loop (another coroutine runs meanwhile)."""

@@ -1,4 +1,4 @@
-"""Issue 16 end to end: one operation key from the HTTP request to the worker.
+"""End to end: one operation key from the HTTP request to the worker.
 
 A real uvicorn server on a free port serves examples/invoices/api.py; three retries of one
 ``POST /invoices`` (one Idempotency-Key) write one outbox row; the relay (in process) publishes it

@@ -1,4 +1,4 @@
-"""Issue 16: the HTTP front door of the invoices example (examples/invoices/api.py), through httpx
+"""the HTTP front door of the invoices example (examples/invoices/api.py), through httpx
 against the real ASGI app and the real PostgreSQL.
 
 Draft sections cited: draft-ietf-httpapi-idempotency-key-header-07.

@@ -1,4 +1,4 @@
-"""Issue 19: one projection-version policy for the message runtime and the HTTP front door.
+"""one projection-version policy for the message runtime and the HTTP front door.
 
 A key stored under a version of the route's intent is compared under that version when the route
 still declares it (``earlier``); when the route no longer declares it, the intents cannot be

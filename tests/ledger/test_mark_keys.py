@@ -1,4 +1,4 @@
-"""The deployment's mark key (issue 20): made once by ``migrate`` in the ledger schema, shared by
+"""The deployment's mark key: made once by ``migrate`` in the ledger schema, shared by
 every process of the deployment, overridable by settings, rotated with a previous key."""
 
 from __future__ import annotations

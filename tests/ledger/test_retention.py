@@ -1,4 +1,4 @@
-"""Retention, key expiry, per-key lanes, optimistic versions and a partitioned ledger (issue 14).
+"""Retention, key expiry, per-key lanes, optimistic versions and a partitioned ledger.
 
 Real PostgreSQL (and RabbitMQ for the worker scenarios). Retentions are seconds long here so the
 expiry can be waited for by polling the database clock, never by sleeping a guessed time.

@@ -1,4 +1,4 @@
-"""One outbox, one broker (issue 21): after the broker URL switched, a pending RabbitMQ event
+"""One outbox, one broker: after the broker URL switched, a pending RabbitMQ event
 went to SQS. The relay now records its broker at the first start and refuses another while events
 are pending; ``outbox-relay rebind`` is the deliberate way over."""
 

@@ -1,4 +1,4 @@
-"""The relay end to end: real PostgreSQL, real RabbitMQ (issue 3's test list, issue 2's relay part).
+"""The relay end to end: real PostgreSQL, real RabbitMQ .
 
 RabbitMQ is never stopped: "broker down" is a TCP proxy in front of it (``tests.fixtures.tcp_proxy``) that
 refuses connections and cuts the open ones. Relay processes are real (``python -m consumer_kit.outbox_relay.cli``) where a test kills
@@ -349,7 +349,7 @@ async def test_lost_notify_is_covered_by_the_poll_fallback(
 async def test_example_events_are_published_with_message_id_equal_to_event_id(
     database_url: str, rabbitmq_url: str
 ) -> None:
-    """Issue 2: the invoices example's InvoiceCreated events reach exchange billing.events with
+    """the invoices example's InvoiceCreated events reach exchange billing.events with
     routing key invoice.created, message id = event ID, with only the two URLs configured."""
     app = App("relay-example")
     app.subscribe("invoices.commands", CreateInvoiceHandler())
@@ -431,7 +431,7 @@ async def _publish_sentinel(rabbitmq_url: str, exchange: str, rec: Recorder) -> 
 async def test_an_event_too_large_for_the_frame_is_parked_at_once_and_the_batch_publishes_once(
     database_url: str, rabbitmq_url: str, unique_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 8 item 4: a row whose headers exceed the broker's frame_max (written with SQL: the
+    """a row whose headers exceed the broker's frame_max (written with SQL: the
     writer refuses such headers) would close the relay's whole connection. It is parked at once
     with the limit and the size; the connection stays up (one connection through the proxy) and
     every other row of the same batch is published exactly once."""
@@ -468,7 +468,7 @@ async def test_an_event_too_large_for_the_frame_is_parked_at_once_and_the_batch_
 async def test_a_destination_of_another_exchange_type_is_parked_and_healthy_events_publish_once(
     database_url: str, rabbitmq_url: str, unique_name: str
 ) -> None:
-    """Issue 8 item 5: the destination exists as a direct exchange. Its declaration, on a channel of
+    """the destination exists as a direct exchange. Its declaration, on a channel of
     its own, is refused (406), so only that channel closes: the row is parked at once with the
     broker's reply text, and each of the 30 healthy events in the same batch reaches the tap queue
     exactly once."""

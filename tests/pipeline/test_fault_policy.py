@@ -1,4 +1,4 @@
-"""The fault policy as a pure function (DESIGN.md "Faults and attempts"): no database, no broker."""
+"""The fault policy as a pure function (docs/explanation/faults-and-attempts.md): no database, no broker."""
 
 from __future__ import annotations
 

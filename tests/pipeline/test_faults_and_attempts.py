@@ -1,4 +1,4 @@
-"""Faults of the environment are not faults of the message (DESIGN.md "Faults and attempts").
+"""Faults of the environment are not faults of the message (docs/explanation/faults-and-attempts.md).
 
 Each test is one thing an ordinary production week does to a worker, on the real PostgreSQL and
 the real RabbitMQ, asserting the right value: a fail-over to a read-only node, a poison message
@@ -111,7 +111,7 @@ async def dead_letter_reasons(env: ResilienceEnv) -> list[str]:
 async def test_read_only_window_dead_letters_nothing_and_executes_each_once(
     own_database: str, database_url: str, rabbitmq_url: str, unique_name: str
 ) -> None:
-    """10 valid messages arrive while new sessions are read-only. Before issue 8 all 10 ended in the
+    """10 valid messages arrive while new sessions are read-only. Before the fix all 10 ended in the
     DLQ as ``max_deliveries_exceeded:ReadOnlySqlTransaction``. Right: the worker pauses (not
     ready), gives the deliveries back uncounted, probes, resumes on its own, and each message
     executes exactly once; nothing is dead-lettered and no attempt is counted."""
@@ -165,7 +165,7 @@ async def test_poison_is_parked_as_crashed_worker_and_the_healthy_message_runs_o
     renv: ResilienceEnv,
 ) -> None:
     """A message whose handler kills its process, published just before a healthy one, prefetch 5,
-    the worker restarted after each death. Before issue 8 the poison reached the DLQ by the broker's
+    the worker restarted after each death. Before the fix the poison reached the DLQ by the broker's
     delivery limit with no reason and no ledger trace, and the healthy message was dead-lettered
     without ever running. Right: the healthy message executes once and is never dead-lettered;
     redelivered messages run alone, so every later death is the poison's own; after
@@ -241,7 +241,7 @@ class DeployedHandler(CreateInvoiceHandler):
 
 
 async def test_deliveries_given_back_at_shutdown_are_not_attempts(renv: ResilienceEnv) -> None:
-    """11 graceful restarts while the handler runs, then one transient error. Before issue 8 the
+    """11 graceful restarts while the handler runs, then one transient error. Before the fix the
     requeues at shutdown counted as deliveries: dead-lettered at the first real failure, and the
     broker's own delivery limit dead-lettered it after about 11 restarts with no effect. Right: a
     delivery given back at shutdown costs nothing; the one transient error is attempt 1 of 3."""
@@ -286,7 +286,7 @@ async def _delete_queues(renv: ResilienceEnv, names: list[str]) -> None:
 
 
 async def test_concurrency_is_one_limit_across_all_queues(renv: ResilienceEnv) -> None:
-    """3 queues, ``CONCURRENCY=2``, 2 messages each. Before issue 8, 4 handlers ran at once (the
+    """3 queues, ``CONCURRENCY=2``, 2 messages each. Before the fix, 4 handlers ran at once (the
     limit was per queue). Right: never more than 2 handlers at once in the process."""
     gate = Gate(block=set(range(1, 7)), expect=2)
     app, names = _multi_queue_app(renv, GatedInvoiceHandler(gate), 3)
@@ -309,7 +309,7 @@ async def test_concurrency_is_one_limit_across_all_queues(renv: ResilienceEnv) -
 
 async def test_pool_waits_are_not_failures_with_long_transactions_on_many_queues(renv: ResilienceEnv) -> None:
     """4 queues, ``CONCURRENCY=1``, a handler holding its transaction longer than the pool's wait.
-    Before issue 8 one delivery waited for a pooled connection, got ``PoolTimeout``, and it counted
+    Before the fix one delivery waited for a pooled connection, got ``PoolTimeout``, and it counted
     as a failed attempt. Right: deliveries wait for their turn in the process, never for a
     connection; nothing is retried, nothing counted. ``statement_timeout`` (the pool's wait) bounds
     every statement of consumer-kit's too: 3 s, which a loaded machine does not outrun (1 s it
@@ -337,8 +337,8 @@ async def test_pool_waits_are_not_failures_with_long_transactions_on_many_queues
 
 
 async def test_commit_that_never_answers_is_bounded_and_uncertain(renv: ResilienceEnv) -> None:
-    """A TCP proxy forwards the COMMIT and then nothing more, leaving the connection open. Before
-    issue 8 ``process()`` had not returned after 20 s. Right: the COMMIT is bounded by
+    """A TCP proxy forwards the COMMIT and then nothing more, leaving the connection open. Before the
+    fix ``process()`` had not returned after 20 s. Right: the COMMIT is bounded by
     ``statement_timeout`` (plus psycopg's own 5 s cancel attempt), the outcome is ``uncertain``,
     the delivery is never acked, its connection is discarded, and the redelivery (after the
     worker's probe) finds the committed row: a duplicate, one effect. Every other statement must
@@ -399,8 +399,8 @@ class SessionHandler(CreateInvoiceHandler):
 
 async def test_a_handler_cannot_change_the_next_deliverys_session(renv: ResilienceEnv) -> None:
     """A handler that runs ``SET lock_timeout = 0`` (and takes a session advisory lock, LISTENs,
-    keeps a cursor) must not change the session of the next delivery on its connection: before
-    issue 8 it did. Both the committed and the rolled-back path are reset."""
+    keeps a cursor) must not change the session of the next delivery on its connection: before the
+    fix it did. Both the committed and the rolled-back path are reset."""
     async with renv.run(renv.app(SessionHandler()), concurrency=1, pool_size=1, lock_timeout=2.0):
         checks = []
         for order, customer in ((1, "check"), (2, "dirty"), (3, "check"), (4, "dirty-fail"), (5, "check")):
@@ -418,8 +418,8 @@ async def test_a_handler_cannot_change_the_next_deliverys_session(renv: Resilien
 
 
 async def test_lock_timeout_on_a_business_row_is_contention_not_a_failure(renv: ResilienceEnv) -> None:
-    """The handler waits past ``lock_timeout`` on a customer row another transaction holds. Before
-    issue 8 that counted toward ``max_deliveries`` (1 here: dead-lettered at once). Right: it is
+    """The handler waits past ``lock_timeout`` on a customer row another transaction holds. Before the
+    fix that counted toward ``max_deliveries`` (1 here: dead-lettered at once). Right: it is
     contention, retried with jitter under its own bound; once the row is free it executes."""
     await renv.rows("INSERT INTO customers (customer_id) VALUES ('c-hot') RETURNING 1")
     async with await psycopg.AsyncConnection.connect(renv.database_url) as holder:

@@ -389,7 +389,7 @@ def _fingerprint(user_id: int) -> str:
 async def test_a_transactional_handler_never_re_runs_a_row_with_an_expired_lease(renv: ResilienceEnv) -> None:
     """A processing row whose lease is live is ``in_progress``; once the lease has expired a handler
     without external effects cannot reconcile it: dead-lettered as ``needs_reconciliation``,
-    never run blindly (before issue 10 it was re-run: two invoices)."""
+    never run blindly (Before the fix it was re-run: two invoices)."""
     message = CreateInvoice.model_validate_json(command(8))
     handler = CreateInvoiceHandler()
     await renv.rows(
@@ -423,7 +423,7 @@ class CommitBeginHandler(CreateInvoiceHandler):
 
 
 async def test_a_handler_that_commits_and_begins_anew_is_parked_not_executed_twice(renv: ResilienceEnv) -> None:
-    """Before issue 10 the check only looked for an idle connection, so ``COMMIT; BEGIN`` passed, the
+    """Before the fix the check only looked for an idle connection, so ``COMMIT; BEGIN`` passed, the
     lease later expired and a redelivery ran the handler again (two invoices). The completion is
     fenced by the claiming transaction's id: parked as ``needs_reconciliation``, and every copy after
     is refused the same way: one invoice."""

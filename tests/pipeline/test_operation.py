@@ -1,4 +1,4 @@
-"""Issue 19: what an existing ledger row means, decided in one place for the runtime, the leased
+"""what an existing ledger row means, decided in one place for the runtime, the leased
 path and the HTTP front door (consumer_kit.pipeline.operation): no database needed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 9): what the commands refuse, what they say, and what a producer
+"""A new user's first hour: what the commands refuse, what they say, and what a producer
 that knows nothing of consumer-kit must send. Commands run as the user runs them (subprocesses,
 or typer's runner for the ones that stop before any I/O)."""
 
@@ -101,7 +101,7 @@ def test_the_embedded_database_is_used_when_asked_for_by_name(tmp_path: Path) ->
 @pytest.mark.skipif(not AS_ROOT, reason="the refusal is for root")
 def test_the_embedded_database_as_root_refuses_and_changes_nothing(tmp_path: Path) -> None:
     """pgserver run as root would chmod every parent of its data directory and useradd: refused
-    before anything is created (issue 21), with the way out in the message."""
+    before anything is created, with the way out in the message."""
     parents = [tmp_path, *tmp_path.parents]
     modes = {p: p.stat().st_mode for p in parents}
     env = user_env(CONSUMER_KIT_EMBEDDED_DATA_DIR=str(tmp_path / "pgdata"))

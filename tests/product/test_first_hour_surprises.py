@@ -1,4 +1,4 @@
-"""First-hour surprises of issue 21, each as a newcomer meets it."""
+"""First-hour surprises, each as a newcomer meets it."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ async def test_the_delivery_log_line_names_the_field_of_a_schema_mismatch(
 
 
 def test_at_80_columns_dlq_detail_and_stats_operation_types_are_whole(capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 21 saw `dlq list` fold its detail every 8 characters and `stats` cut operation types:
+    """A newcomer saw `dlq list` fold its detail every 8 characters and `stats` cut operation types:
     at 80 columns both print one block per record, values whole (the same print_records)."""
     from consumer_kit.cli.console import Field, output, print_records
     from consumer_kit.cli.stats import COLUMNS

@@ -1,4 +1,4 @@
-"""One distribution, no generic import names (issue 21).
+"""One distribution, no generic import names, one name for each file.
 
 The repository's folders ``adapters/``, ``outbox_relay/`` and ``examples/invoices/`` install as
 ``consumer_kit.adapters``, ``consumer_kit.outbox_relay`` and ``consumer_kit.demo`` (pyproject's
@@ -50,8 +50,21 @@ def _sources() -> list[Path]:
     return [p for p in ROOT.rglob("*.py") if not SKIP_DIRS.intersection(p.relative_to(ROOT).parts)]
 
 
-def test_the_package_list_is_the_folders_holding_init_py() -> None:
-    assert sorted(SETUPTOOLS["packages"]) == sorted(_folders_to_packages())
+def _data_folders() -> set[str]:
+    """The folders of data files (templates, static files) that ship as packages of their own, each
+    with its package-data line, so that setuptools builds them without a warning."""
+    found = set()
+    for name in SETUPTOOLS["package-data"]:
+        parent, _, leaf = name.rpartition(".")
+        folder = ROOT / PACKAGE_DIR.get(parent, parent.replace(".", "/")) / leaf
+        if parent and folder.is_dir() and not (folder / "__init__.py").exists():
+            found.add(name)
+    return found
+
+
+def test_the_package_list_is_the_folders_holding_init_py_and_the_data_folders() -> None:
+    assert _data_folders() == {"consumer_kit.console_web.static", "consumer_kit.console_web.templates"}
+    assert sorted(SETUPTOOLS["packages"]) == sorted(_folders_to_packages() | _data_folders())
 
 
 def test_every_installed_package_sits_under_consumer_kit() -> None:
@@ -77,9 +90,36 @@ def test_no_source_imports_a_folder_by_its_repository_name() -> None:
         for path in _sources()
         for line, name in _imported_names(path)
         if name.split(".")[0] in ("adapters", "outbox_relay")
+        or name.split(".")[:2] == ["examples", "invoices"]  # the demo is consumer_kit.demo everywhere
         or (name.startswith("consumer_kit.demo") and path.parent == ROOT / "examples" / "invoices")
     ]
     assert offenders == []
+
+
+def test_docs_and_scripts_name_the_demo_by_its_installed_name() -> None:
+    texts = [ROOT / "README.md", ROOT / "docker-compose.yml", ROOT / ".ci" / "run", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "examples").rglob("*.md"), *(ROOT / "deploy").rglob("*")]
+    offenders = [str(path.relative_to(ROOT)) for path in texts
+                 if path.is_file() and "examples.invoices" in path.read_text(errors="replace")]
+    assert offenders == []
+
+
+_WITHOUT_INSTALL_FINDERS = (
+    "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__.lower()]; "
+    "import consumer_kit.adapters.memory as m, consumer_kit.outbox_relay.relay as r, consumer_kit.demo.app as d; "
+    "print(m.__file__, r.__file__, d.__file__, sep='\\n')"
+)
+
+
+def test_a_checkout_resolves_every_installed_name_by_itself() -> None:
+    """From the clone's root ``consumer_kit`` is the source folder whatever is installed (a wheel,
+    an editable install, or nothing): the names pyproject maps must resolve from it alone, as in
+    the wheel. Run with every install-time finder removed (setuptools' editable finder)."""
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_INSTALL_FINDERS], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(ROOT / "adapters" / "memory.py"), str(ROOT / "outbox_relay" / "relay.py"),
+                                     str(ROOT / "examples" / "invoices" / "app.py")]
 
 
 def test_the_user_project_imports_nothing_from_the_repository() -> None:
@@ -111,12 +151,20 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The sdist and the wheel, built from this tree with ``python -m build`` (isolation off:
     the build backend is already installed, and the machine may have no index)."""
     out = tmp_path_factory.mktemp("dist")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # a warning of its own
     result = subprocess.run(
         [sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out), str(ROOT)],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True, text=True, timeout=600, check=False, env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz"))}
+    (out / "build.log").write_text(result.stdout + result.stderr)
+    return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz")), "log": out / "build.log"}
+
+
+@pytest.mark.slow
+def test_the_build_prints_no_warning(built: dict[str, Path]) -> None:
+    log = built["log"].read_text()
+    assert "would be ignored" not in log and "warning" not in log.lower(), log[-3000:]
 
 
 @pytest.mark.slow
@@ -128,7 +176,8 @@ def test_the_wheel_holds_only_consumer_kit_and_its_dist_info(built: dict[str, Pa
     assert tops - dist_info == {"consumer_kit"}
     assert [t.startswith("consumer_kit-") for t in dist_info] == [True]
     for module in ("consumer_kit/adapters/rabbitmq/__init__.py", "consumer_kit/outbox_relay/relay.py",
-                   "consumer_kit/demo/__main__.py", "consumer_kit/demo/app.py", "consumer_kit/py.typed"):
+                   "consumer_kit/demo/__main__.py", "consumer_kit/demo/app.py", "consumer_kit/py.typed",
+                   "consumer_kit/console_web/templates/base.html", "consumer_kit/console_web/static/htmx.min.js"):
         assert module in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 

@@ -1,4 +1,4 @@
-"""Issue 13: spans, metrics and logs of real deliveries on RabbitMQ and PostgreSQL, read through the
+"""spans, metrics and logs of real deliveries on RabbitMQ and PostgreSQL, read through the
 OpenTelemetry SDK's in-memory exporters (``tests/fixtures/telemetry_kit.py``)."""
 
 from __future__ import annotations

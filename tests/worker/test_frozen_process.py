@@ -1,5 +1,5 @@
 """A process frozen inside a delivery's transaction (SIGSTOP, a paused VM) no longer holds its
-claim for ever (issue 24): consumer-kit's sessions carry ``idle_in_transaction_session_timeout``
+claim for ever: consumer-kit's sessions carry ``idle_in_transaction_session_timeout``
 (``Settings.idle_in_transaction_timeout``), so PostgreSQL ends the frozen session, its row lock
 goes, another worker executes the operation once, and the frozen one, woken, applies nothing.
 

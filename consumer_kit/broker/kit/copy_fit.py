@@ -1,7 +1,7 @@
 """Trimming a copy to fit: which headers a copy leaves out when it is too large, in what order.
 
 A copy that consumer-kit sends of a delivery (retry, release, dead-letter, redrive) is checked
-against the target's size limit before it is sent (DESIGN.md, "Faults and attempts": no single
+against the target's size limit before it is sent (docs/explanation/faults-and-attempts.md: no single
 message may close a connection others share). When it does not fit, :func:`fit_copy` leaves
 headers out until it does: first every header that is neither kept nor droppable, largest first,
 then the droppable ones in their order; a kept header never. After each drop the copy is measured

@@ -30,7 +30,7 @@ class TrackingConsumer(MemoryConsumer):
 
 class MemoryDriver(Driver):
     name = "memory"
-    size_limit = False  # DESIGN.md broker mapping: no size limit
+    size_limit = False  # the memory adapter has no size limit (docs/reference/adapters.md)
     lock_seconds = 1.0  # its lock and its renewal are timers of the test's own event loop: never outrun
 
     def __init__(self, queue: str) -> None:

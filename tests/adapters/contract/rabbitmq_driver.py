@@ -27,7 +27,7 @@ _TIERS_MS = (200, 1000, 2000, 5000, 30000)  # every retry tier the cases' settin
 class RabbitMQDriver(Driver):
     name = "rabbitmq"
     lock_lapses = False  # an unacked delivery stays with its channel until the channel goes
-    has_lock = False  # no peek-lock to outlive (DESIGN.md: renew lock n/a)
+    has_lock = False  # no peek-lock to outlive (RabbitMQ has no lock to renew: a consumer timeout)
     lock_seconds = 0.5  # nothing lapses: the renewal case only checks one run, one report
 
     def __init__(self, queue: str, url: str) -> None:

@@ -1,4 +1,4 @@
-"""A relay publish carries the operation's age (issue 20): the event's outbox row was committed at
+"""A relay publish carries the operation's age: the event's outbox row was committed at
 ``created_at``, and the operations it starts are that old on arrival, whenever the relay publishes
 it. The relay's publisher writes ``created_at`` as the signed first-enqueued mark, on every broker:
 an event whose row is older than the consuming handler's key retention is refused ``key_expired``."""

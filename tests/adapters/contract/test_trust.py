@@ -1,4 +1,4 @@
-"""A producer cannot steer consumer-kit's bookkeeping (issue 20), on every broker: forged marks are
+"""A producer cannot steer consumer-kit's bookkeeping, on every broker: forged marks are
 ignored and counted, the time that decides key expiry survives every copy consumer-kit makes, a
 future operation time is refused, and redrive goes only to the queue the operator named."""
 

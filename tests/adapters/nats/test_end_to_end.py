@@ -1,4 +1,4 @@
-"""Issue 23 end to end: the invoices example's handler on NATS JetStream (the local nats-server)
+"""End to end: the invoices example's handler on NATS JetStream (the local nats-server)
 with ``consumer_kit.worker.process.Worker``, ``consumer-kit declare``, the outbox relay and the real
 PostgreSQL, configured by environment alone (only the broker URL differs from RabbitMQ).
 

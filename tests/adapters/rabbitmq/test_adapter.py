@@ -227,7 +227,7 @@ def test_delivery_count_formula() -> None:
     assert delivery_count_of({}, redelivered=True) == 2  # classic: a lower bound
     assert delivery_count_of({"x-delivery-count": 1}, redelivered=True) == 2  # quorum
     assert delivery_count_of({"x-delivery-count": 3}, redelivered=True) == 4
-    # a retry copy as the adapter sends it: its marks signed (issue 20)
+    # a retry copy as the adapter sends it: its marks signed
     assert delivery_count_of(signed({DELIVERIES_HEADER: 2}), redelivered=False) == 3  # retry copy
     assert delivery_count_of(signed({DELIVERIES_HEADER: 2, "x-delivery-count": 1}), redelivered=True) == 4
     assert delivery_count_of({DELIVERIES_HEADER: b"junk"}, redelivered=False) == 1
@@ -416,7 +416,7 @@ async def test_dead_letter_moves_to_dlq_with_reason(
 async def test_released_eleven_times_is_never_a_redelivery_nor_dead_lettered(
     rabbitmq_url: str, unique_name: str, cleanup: list[str]
 ) -> None:
-    """Issue 8 item 3: eleven graceful restarts each give the delivery back. The work queue here
+    """eleven graceful restarts each give the delivery back. The work queue here
     has x-delivery-limit=10 (made beforehand; the adapter uses it as it is), so eleven
     nack-requeues would dead-letter it; released copies are never counted by the broker."""
     async with raw_channel(rabbitmq_url) as channel:
@@ -609,7 +609,7 @@ async def test_a_copy_that_cannot_fit_is_rejected_into_the_dlx_or_requeued_never
 async def test_a_settlement_in_a_broker_stall_is_lost_and_the_broker_redelivers(
     rabbitmq_url: str, unique_name: str, cleanup: list[str], then: str
 ) -> None:
-    """Issue 8 item 8: the retry copy's confirm never comes, the settlement gives up after
+    """the retry copy's confirm never comes, the settlement gives up after
     settle_timeout, marks the delivery lost and abandons its channel; once the broker reads
     again (or the connection drops) the message comes back as a redelivery, while the consumer is
     still connected: it was not left unacked on a live channel."""
@@ -644,7 +644,7 @@ async def test_a_settlement_in_a_broker_stall_is_lost_and_the_broker_redelivers(
 async def test_one_lost_subscription_is_re_created_alone(
     rabbitmq_url: str, unique_name: str, cleanup: list[str]
 ) -> None:
-    """Issue 8 item 10: the broker cancels the consumer of a deleted queue, and another
+    """the broker cancels the consumer of a deleted queue, and another
     subscription's channel is closed; only those are re-created, while a delivery held on the
     other queue still acks on its original channel."""
     a, b = unique_name, unique_name + ".b"
@@ -857,7 +857,7 @@ async def test_publisher_confirms_with_given_message_id(
 async def test_publisher_refuses_what_breaks_the_frame_or_size_limit_before_sending(
     rabbitmq_url: str, unique_name: str, cleanup: list[str]
 ) -> None:
-    """Issue 8 item 4: headers whose frame exceeds the negotiated frame_max (which would close the
+    """headers whose frame exceeds the negotiated frame_max (which would close the
     whole connection) and a body over max_message_size are refused, permanently, naming the limit
     and the size; the connection stays up (one connection through the proxy all along). A frame
     of exactly frame_max goes through."""
@@ -898,7 +898,7 @@ async def test_publisher_refuses_what_breaks_the_frame_or_size_limit_before_send
 async def test_publisher_refused_declaration_is_permanent_and_leaves_other_publishes_alone(
     rabbitmq_url: str, unique_name: str, cleanup: list[str]
 ) -> None:
-    """Issue 8 item 5 (adapter side): a destination that exists as a direct exchange is refused
+    """a destination that exists as a direct exchange is refused
     on its own declaration channel, with the broker's reply text; publishes in flight on the
     publishing channel at the same time all get their confirms."""
     healthy, wrong = f"{unique_name}.events", f"{unique_name}.direct"

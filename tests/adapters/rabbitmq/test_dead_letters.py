@@ -1,8 +1,8 @@
-"""``<queue>.dlq`` never drops a dead letter (issue 24): RabbitMQ 4.x gives every quorum queue a
+"""``<queue>.dlq`` never drops a dead letter: RabbitMQ 4.x gives every quorum queue a
 delivery limit of 20, and ``dlq list`` / a selective ``dlq redrive`` browse by putting messages
 back (a counted delivery). The declaration is checked here per version (this machine's broker is
 3.10: the 4.x side is the documented argument, -1, checked as arguments), and on the real 3.x
-broker by browsing one dead letter 25 times (issue 24's "about 20 listings").
+broker by browsing one dead letter 25 times (the "about 20 listings" that lost letters on 4.x).
 """
 
 from __future__ import annotations

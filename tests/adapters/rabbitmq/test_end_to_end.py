@@ -1,4 +1,4 @@
-"""Issue 2's end-to-end guarantees on the real RabbitMQ and the real PostgreSQL.
+"""The end-to-end guarantees on the real RabbitMQ and the real PostgreSQL.
 
 Workers run in this process (``Worker`` with the RabbitMQ adapter) or, for the crash tests, as
 ``consumer-kit worker`` subprocesses killed with SIGKILL at a named crash point.

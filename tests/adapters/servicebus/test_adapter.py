@@ -204,7 +204,7 @@ async def test_a_give_back_whose_reply_is_lost_stays_our_own_give_back(sb: SBEnv
     """retry(0) is applied by Service Bus but its reply never comes: the settle timeout ends the
     call with its outcome unknown. The give-back stays remembered, so the redelivery (counted
     once, as Service Bus did apply it) is not taken for a crash. Forgetting it on any failure made
-    the next delivery a suspect (the race fixed on SQS in issue 24)."""
+    the next delivery a suspect (the race fixed on SQS too)."""
     sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"x")
     sb.entity().lose_settlement_replies(1)
@@ -526,7 +526,7 @@ async def test_a_delayed_retry_on_a_subscription_is_held_then_abandoned(sb: SBEn
 
 @pytest.mark.parametrize("state", ["paused", "slots full"])
 async def test_a_queue_pump_told_to_stop_ends_even_if_its_cancellation_is_lost(sb: SBEnv, state: str) -> None:
-    """The session slots' sibling (issue 25): the stop signal alone, no cancellation (as when the
+    """The session slots' sibling: the stop signal alone, no cancellation (as when the
     SDK's wait_for swallows it on Python 3.11), ends the pump at its unbounded waits: paused, or
     every slot holding a delivery that is never settled."""
     sb.create_queue(lock_duration=30)

@@ -26,7 +26,7 @@ LOCK = 5.0  # seconds: Service Bus's shortest lock duration
 async def test_renewal_keeps_the_lock_whatever_the_skew_between_worker_and_broker(
     sb: SBEnv, skew: float, sessions: bool
 ) -> None:
-    """Issue 24: renewal timed from ``locked_until`` (the broker's clock) against the host's clock
+    """renewal timed from ``locked_until`` (the broker's clock) against the host's clock
     renews too late with the worker 20 s behind (locks lost, duplicates) and as often as it can
     with it 20 s ahead. Timed on the monotonic clock, a handler two lock lengths long keeps its
     lock with about one renewal per half lock."""
@@ -152,7 +152,7 @@ async def test_a_diagnostic_id_alone_carries_the_trace_context(sb: SBEnv) -> Non
 async def test_settling_after_the_connection_dropped_neither_loses_nor_acks_twice(
     sb: SBEnv, sessions: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 24: the connection drops while the handler runs and, on a queue, the message's lock
+    """the connection drops while the handler runs and, on a queue, the message's lock
     lapses before the worker is back (the broker's clock is moved past it). A session's lock dies
     with its link. So the ack of the first delivery fails (the error is logged: see the report) and
     the message comes back: on a queue counted (a suspect), on a session entity at once (uncounted,

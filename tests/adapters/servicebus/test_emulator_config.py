@@ -44,7 +44,7 @@ def test_the_emulator_declares_the_example_queue_and_event_topic_within_its_limi
     for properties in entities:
         assert 5 <= seconds(properties["LockDuration"]) <= 300
         # README ("Service Bus"): MaxDeliveryCount well above consumer-kit's own bounds, at least
-        # 50, so that Service Bus never dead-letters what consumer-kit still counts (issue 24)
+        # 50, so that Service Bus never dead-letters what consumer-kit still counts
         assert properties["MaxDeliveryCount"] >= 50
         assert 300 <= seconds(properties["DefaultMessageTimeToLive"]) <= 3600
 

@@ -1,4 +1,4 @@
-"""Issue 12 end to end: the invoices example on Service Bus (the local test server, through the real
+"""End to end: the invoices example on Service Bus (the local test server, through the real
 azure-servicebus SDK) with ``consumer_kit.worker.process.Worker``, the outbox relay and the real PostgreSQL.
 
 The broker contract suite runs the rest of the issue's cases on Service Bus through the same worker

@@ -229,7 +229,7 @@ async def test_a_dead_letter_may_take_the_message_over_its_size_limit(
 ) -> None:
     """The reason and description are properties of the message, bounded by Service Bus's header
     limits (*Service Bus quotas*), not by the message size limit: the server used to refuse this
-    dead-letter, a rule of its own (issue 25). Header limits: ``test_servicebus_header_limits.py``."""
+    dead-letter, a rule of its own. Header limits: ``test_servicebus_header_limits.py``."""
     queue = server.create_queue("orders", max_message_size=1024)
     await send(client, "orders", ServiceBusMessage(b"x" * 800, message_id="m1"))
 

@@ -185,7 +185,7 @@ async def test_a_foreign_session_state_is_kept_and_the_first_delivery_runs_alone
     assert queue.session_state("s1") == b"app-state"
 
 
-# -- stopping while a session slot waits (issue 25: a shutdown that hung on a session slot) ----------
+# -- stopping while a session slot waits (a shutdown that hung on a session slot) ----------
 
 SETTLE = 1.0  # seconds: the consumers' settle_timeout below
 # seconds: what close() may take by its own bounds (a receive given settle_timeout after the stop,

@@ -427,7 +427,7 @@ async def test_a_delete_entry_sqs_failed_on_its_side_is_retried(sqs: SQSClient, 
 HANDED_BACK_VISIBILITY = 30  # seconds: the lapse is made explicit on SQS's clock below. A short
 # visibility waited out was load-dependent: the redelivery got the same short lock, counted from
 # the poll's send (up to the 1 s long-poll wait earlier), so its ack could come too late on a
-# loaded machine (issue 24, a sibling of the flaky FIFO give-back test)
+# loaded machine (a sibling of the flaky FIFO give-back test)
 
 
 async def lapse_on_sqs(sqs: SQSClient, url: str, delivery: Delivery) -> None:

@@ -1,4 +1,4 @@
-"""A FIFO message group behind failing heads (issue 24), on moto in server mode and real PostgreSQL.
+"""A FIFO message group behind failing heads, on moto in server mode and real PostgreSQL.
 
 Group G holds m1..m10; the first ``failing`` always raise a retryable error, the rest are healthy;
 ``max_deliveries`` 5. SQS counts every receive towards the redrive policy's ``maxReceiveCount``:

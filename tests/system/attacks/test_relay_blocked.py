@@ -10,7 +10,7 @@ events, some go to an exchange whose only queue holds a few messages and nacks t
 * a nacked or returned publish never marks its row published;
 * per partition key, first arrivals come in commit order (the ordered relay);
 * nothing is parked but the returned rows (a row error, parked after ``max_attempts``): an outage,
-  a nack or a timeout never parks a row (DESIGN.md "Faults and attempts").
+  a nack or a timeout never parks a row (docs/explanation/faults-and-attempts.md).
 
 Also: a relay SIGKILLed while the proxy holds its frames, then a new relay; a graceful stop and a
 cancel while the socket is blocked (bounded, nothing marked that is not on the broker).

@@ -4,7 +4,7 @@ read-only database window and a poison message.
     python -m tests.system.chaos.run --seed 7 --duration 45 --read-only-window 8   # CI-sized
     python -m tests.system.chaos.run --seed 7 --duration 600                       # the long run (10 min)
 
-What happens (issues 4 and 8):
+What happens:
 
 * a producer sends operations, each delivered 1-3 times at random moments, ~5 % of them with
   one copy carrying a conflicting payload; the messages keep coming through the read-only window;
