@@ -5,7 +5,7 @@ for ``lock_timeout`` seconds and redelivered (delivery count + 1, ``redelivered`
 by then; ``retry`` re-queues after a delay; ``dead_letter`` moves the message to the queue's DLQ
 with its reason; ``release`` re-queues at once, uncounted, and keeps ``redelivered`` only for a
 delivery that was itself a redelivery (a suspect stays a suspect); ``renew_lock`` extends the lock;
-a settlement that fails (settling after the lock expired raises :class:`LockLostError`, like
+a settlement that fails (settling after the lock expired raises :class:`LockLost`, like
 Service Bus) abandons the delivery, which re-queues it as a redelivery. Brokers are named
 (``memory://name``) and shared within one process so a worker and a relay can meet.
 """
@@ -27,17 +27,13 @@ from urllib.parse import urlparse
 from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_delivery, hand_over
 from consumer_kit.broker.publishing import OutgoingMessage, Publisher, headers_to_send
 from consumer_kit.codec import headers as own_headers
-from consumer_kit.errors import DeadLetterReason
+from consumer_kit.errors import DeadLetterReason, LockLost
 from consumer_kit.resilience.supervised import Supervised, all_running
 from consumer_kit.settings import BrokerSettings, Settings
 
 logger = logging.getLogger("consumer_kit.adapters.memory")
 
 _BROKERS: dict[str, MemoryBroker] = {}
-
-
-class LockLostError(Exception):
-    """Settled after the delivery's lock expired: the message was (or will be) redelivered."""
 
 
 @dataclass
@@ -221,7 +217,7 @@ class MemoryDelivery(Delivery):
 
     def _unlock(self) -> None:
         if self._lock_expired:
-            raise LockLostError(f"lock on message {self.message_id} expired before settlement")
+            raise LockLost(f"lock on message {self.message_id} expired before settlement")
         self._lock_timer.cancel()
 
     async def _renew_lock(self) -> bool:

@@ -6,7 +6,7 @@ The public API is re-exported here; see docs/tutorial.md for a walkthrough.
 from consumer_kit._checkout import map_folders
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, Settlement
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.effects import Evidence, Reconciled
 from consumer_kit.errors import (
@@ -17,7 +17,9 @@ from consumer_kit.errors import (
     InvalidMessage,
     LeaseLost,
     PermanentFailure,
+    PublishError,
     RetryableError,
+    StaleVersion,
 )
 from consumer_kit.handler import Context, Handler
 from consumer_kit.identity import canonical_json, fingerprint
@@ -26,7 +28,7 @@ from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.settings import Settings
-from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
+from consumer_kit.versions import apply_if_newer, update_expecting
 
 map_folders()  # from a source checkout: adapters/, outbox_relay/, examples/invoices/ by their installed names
 

@@ -66,7 +66,9 @@ class Evidence(Sequence[EvidenceRecord]):
         return bool(self.of(name) if name is not None else self._records)
 
 
-class Verdict(enum.StrEnum):
+class Reconciliation(enum.StrEnum):
+    """What a reconcile pass found out about an uncertain effect (:class:`Reconciled` carries it)."""
+
     DONE = "done"
     NOT_DONE = "not_done"
     UNKNOWN = "unknown"
@@ -77,7 +79,7 @@ class Reconciled:
     """What ``Handler.reconcile`` decided; build it with :meth:`done`, :meth:`not_done` or
     :meth:`unknown`."""
 
-    verdict: Verdict
+    verdict: Reconciliation
     result: Result | None = None
     reason: str = ""
 
@@ -86,18 +88,18 @@ class Reconciled:
         """The effect happened: complete with ``result`` (default ``Result("reconciled")``)
         without calling again. Write the local state the handler would have written after the
         call through ``await ctx.begin()`` first."""
-        return cls(Verdict.DONE, result)
+        return cls(Reconciliation.DONE, result)
 
     @classmethod
     def not_done(cls) -> Reconciled:
         """The effect did not happen: run ``handle`` again (same downstream keys)."""
-        return cls(Verdict.NOT_DONE)
+        return cls(Reconciliation.NOT_DONE)
 
     @classmethod
     def unknown(cls, reason: str) -> Reconciled:
         """Cannot tell: park the operation as ``needs_reconciliation`` and dead-letter the
         message with ``reason`` (no payload values); an operator resolves it."""
-        return cls(Verdict.UNKNOWN, reason=reason)
+        return cls(Reconciliation.UNKNOWN, reason=reason)
 
 
 class LeaseHooks(Protocol):

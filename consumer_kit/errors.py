@@ -1,8 +1,11 @@
-"""Every error consumer-kit raises or asks handlers to raise, in one place."""
+"""Every error consumer-kit's core raises or asks handlers to raise, in one place (an adapter's own
+errors are in its package's ``errors`` module; docs/explanation/architecture.md, "Errors")."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 
 class ConsumerKitError(Exception):
@@ -119,3 +122,171 @@ class MissingExtra(ImportError):
         super().__init__(f"{missing} ({install_hint(extra)})", name=missing.name, path=missing.path)
         self.extra, self.missing = extra, missing
         self.hint = install_hint(extra)
+
+
+# -- operation identity ------------------------------------------------------------------------------
+
+
+
+class UnsupportedNumber(ValueError):
+    """A number the fingerprint cannot compare by value: NaN or an infinity (NaN is not even
+    equal to itself), or beyond :data:`MAX_NUMBER_DIGITS`."""
+
+
+# -- optimistic versions -----------------------------------------------------------------------------
+
+
+
+class StaleVersion(ConsumerKitError):
+    """A versioned write found the row at another version than expected.
+
+    Attributes:
+        table: the table written.
+        key: the row's key columns and values.
+        expected: the version the write expected (:func:`update_expecting`).
+        found: the version stored.
+    """
+
+    def __init__(self, table: str, key: Mapping[str, Any], expected: int, found: int) -> None:
+        super().__init__(
+            f"{table} row {', '.join(f'{k}={v!r}' for k, v in key.items())} is at version {found}, "
+            f"not {expected}: a stale update"
+        )
+        self.table, self.key, self.expected, self.found = table, dict(key), expected, found
+
+
+# -- publishing (the relay's side of the broker contract) --------------------------------------------
+
+
+
+class PublishError(Exception):
+    """The broker did not confirm a publish (nack, return, timeout, lost connection, refusal).
+
+    Three kinds, which the relay treats differently:
+
+    * transient (``transient=True``, the default): the broker or the connection is at fault and
+      the same message will go through once it is back (connection lost, timeout, nack). Retried
+      soon; never parks a row.
+    * row (``transient=False``): this message could not be delivered as addressed but might be
+      later (no such queue yet). Backed off; parked after the relay's max attempts.
+    * permanent (``permanent=True``): this message can never be published as it is (too large for
+      the broker's frame or message limit, a destination of another type, access refused). Parked
+      at once, with the broker's reply text in ``str(error)``.
+    """
+
+    def __init__(self, message: str, *, transient: bool = True, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.transient = transient and not permanent
+
+
+class PublishTimeout(PublishError):
+    """No confirm within the time :meth:`Publisher.publish_batch` was given (transient: the
+    broker may still have the message; publishing again with the same ``message_id`` is safe)."""
+
+    def __init__(self, message: str = "not confirmed in time") -> None:
+        super().__init__(message, transient=True)
+
+
+class LockLost(ConsumerKitError):
+    """The broker no longer holds this delivery's peek-lock for this worker (its lock, visibility
+    timeout or ``ack_wait`` lapsed, or the broker reported it lost): a settlement was not applied,
+    and the message comes, or came, back by itself. Raised by an adapter's settlement; the runtime
+    reports the delivery ``lost`` and the redelivery is answered by the ledger."""
+
+
+# -- dead-letter queues ------------------------------------------------------------------------------
+
+
+
+class CopyRefused(Exception):
+    """Raised by :meth:`Redrive.send_copy`: the broker refused this copy, or it does not fit; the
+    text says why (no payload). The dead letter is counted ``failed`` and left where it is."""
+
+
+class RemoveFailed(Exception):
+    """Raised by :meth:`Redrive.remove`: the copy was sent but the dead letter could not be removed;
+    the text says why. It stays in the dead-letter queue too (a second redrive is a duplicate)."""
+
+
+# -- the delivery pipeline ---------------------------------------------------------------------------
+
+
+
+class GiveBack(Exception):
+    """The delivery must not start now (``reason`` is ``"paused"``): release it uncounted."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class HandlerTimeout(RetryableError):
+    """The handler ran longer than ``handler_timeout``: a handler fault (rolled back, retried)."""
+
+
+class TransactionEnded(Exception):
+    """The handler ended the delivery's transaction itself (``COMMIT``/``ROLLBACK`` sent as SQL,
+    possibly followed by a new ``BEGIN``): part of its effect may be durable without the
+    ledger's completion."""
+
+
+class CommitUncertain(Exception):
+    """The COMMIT was sent but its reply was lost or late: the effect may or may not be durable.
+    The connection has been discarded."""
+
+
+class StaleConnection(Exception):
+    """A pooled connection was dead before anything was sent on it: take another one."""
+
+
+# -- the HTTP front door -----------------------------------------------------------------------------
+
+
+
+class KeyRefused(Exception):
+    """The request's ``Idempotency-Key`` cannot be used; ``detail`` says why (never quoting it)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class MissingKey(KeyRefused):
+    """No ``Idempotency-Key`` field on a route that requires one (draft section 2.7: 400)."""
+
+
+class MalformedKey(KeyRefused):
+    """The field is present but is not one sf-string in the published :class:`KeyFormat`."""
+
+
+class InvalidBody(Exception):
+    """The request body has no single meaning to fingerprint; ``detail`` names the rule."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the limit; ``detail`` (no body content) says by what measure."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class ResponseNotStorable(Exception):
+    """The endpoint's response cannot be stored for replay; ``detail`` says why (no body)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+# -- operator actions --------------------------------------------------------------------------------
+
+
+
+class Refused(Exception):
+    """The action was refused; the text says why and what to do instead (no payload)."""

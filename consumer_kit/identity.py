@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage
+from consumer_kit.errors import ConfigurationError, DeadLetterReason, InvalidMessage, UnsupportedNumber
 
 MAX_NUMBER_DIGITS = 1000
 """Largest number the fingerprint compares by value: at most this many digits, and a decimal
@@ -117,11 +117,6 @@ def check_scope_parts(operation_type: str, version: int, *, owner: str) -> None:
         )
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
         raise ConfigurationError(f"{owner}: version={version!r} must be an integer from 0 to {MAX_VERSION}")
-
-
-class UnsupportedNumber(ValueError):
-    """A number the fingerprint cannot compare by value: NaN or an infinity (NaN is not even
-    equal to itself), or beyond :data:`MAX_NUMBER_DIGITS`."""
 
 
 _DOWNSTREAM_NAMESPACE = uuid.UUID("5c0a1f3e-7d2b-4e8a-9b61-0c4f2e9d7a13")

@@ -23,25 +23,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from consumer_kit.errors import ConsumerKitError
-
-
-class StaleVersion(ConsumerKitError):
-    """A versioned write found the row at another version than expected.
-
-    Attributes:
-        table: the table written.
-        key: the row's key columns and values.
-        expected: the version the write expected (:func:`update_expecting`).
-        found: the version stored.
-    """
-
-    def __init__(self, table: str, key: Mapping[str, Any], expected: int, found: int) -> None:
-        super().__init__(
-            f"{table} row {', '.join(f'{k}={v!r}' for k, v in key.items())} is at version {found}, "
-            f"not {expected}: a stale update"
-        )
-        self.table, self.key, self.expected, self.found = table, dict(key), expected, found
+from consumer_kit.errors import StaleVersion
 
 
 async def update_expecting(

@@ -15,7 +15,9 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type
+
+from consumer_kit.resilience.backoff import Backoff
 
 from .reconnect import close_quietly, log_retry
 
@@ -75,7 +77,7 @@ class NotifyListener:
         while True:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(psycopg.OperationalError),
-                wait=wait_exponential(multiplier=0.2, max=self._max_backoff),
+                wait=Backoff(first=min(0.2, self._max_backoff), cap=self._max_backoff).wait(),
                 before_sleep=log_retry("LISTEN connect"),
             )
             async for attempt in retrying:

@@ -17,14 +17,16 @@ from contextlib import ExitStack
 
 from opentelemetry import propagate, trace
 
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError, PublishTimeout
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher
+from consumer_kit.errors import PublishError, PublishTimeout
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.telemetry.metrics import record_published
 from consumer_kit.telemetry.tracing import mark_failed, producer_span
 
 from .counters import RelayCounters
-from .routing import Routing, UnknownDestination
+from .errors import UnknownDestination
+from .routing import Routing
 from .store import ClaimedRow, Failure
 
 logger = logging.getLogger("consumer_kit.outbox_relay")

@@ -10,9 +10,14 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+
+from consumer_kit.resilience.backoff import Backoff
 
 logger = logging.getLogger("consumer_kit.outbox_relay")
+
+
+_CONNECT = Backoff(first=0.2, cap=10.0)  # between attempts to reach the database
 
 
 def log_retry(what: str) -> Callable[[RetryCallState], None]:
@@ -67,7 +72,7 @@ async def connect_until_stopped(database_url: str, stop: asyncio.Event) -> Async
     """
     retrying = AsyncRetrying(
         retry=retry_if_exception_type(psycopg.OperationalError),
-        wait=wait_exponential(multiplier=0.2, max=10.0),
+        wait=_CONNECT.wait(),
         stop=lambda _state: stop.is_set(),
         sleep=lambda seconds: sleep_unless_stopped(stop, seconds),
         before_sleep=log_retry("database connect"),

@@ -25,11 +25,8 @@ from pydantic import ValidationError
 
 from consumer_kit.errors import ConfigurationError
 
+from .errors import UnknownDestination
 from .settings import RelaySettings, RouteTarget
-
-
-class UnknownDestination(Exception):
-    """A row's destination is not in the destination map."""
 
 
 class Routing:

@@ -16,7 +16,8 @@ from pydantic import BaseModel
 
 from consumer_kit import App, ConfigurationError, Context, Handler, Outcome, Result, RetryableError
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
-from consumer_kit.http.keys import KeyFormat, MalformedKey
+from consumer_kit.errors import MalformedKey
+from consumer_kit.http.keys import KeyFormat
 from consumer_kit.http.scope import request_identity, scope_tenant
 from consumer_kit.identity import (
     MAX_KEY_BYTES,

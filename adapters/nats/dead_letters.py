@@ -27,15 +27,10 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
-from consumer_kit.broker.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    Redrive,
-    RedriveAsked,
-    RemoveFailed,
-)
+from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
+from consumer_kit.errors import CopyRefused, RemoveFailed
 
 from .config import NATSConfig
 from .connection import API_TIMEOUT, NATSConnection

@@ -39,6 +39,7 @@ from nats.js import JetStreamContext
 from consumer_kit.broker.kit.pull_consumer import PulledDelivery
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.envelope import CORRELATION_ID_HEADER, PARTITION_KEY_HEADER
+from consumer_kit.errors import LockLost
 
 from .envelope import (
     DEAD_LETTER_DETAIL_HEADER,
@@ -57,10 +58,6 @@ from .redelivery import GIVE_BACKS
 from .topology import QueueInfo
 
 logger = logging.getLogger(__name__)
-
-
-class LockLost(Exception):
-    """The delivery's ``ack_wait`` lapsed before its settlement."""
 
 
 class NATSDelivery(PulledDelivery):

@@ -22,7 +22,7 @@ import asyncio
 import nats.errors
 from nats.js import errors as js_errors
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 
 MESSAGE_TOO_LARGE = 10054
 """JetStream's error code for a message over the stream's ``max_msg_size``."""

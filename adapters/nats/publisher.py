@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError, headers_to_send
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, headers_to_send
 from consumer_kit.codec import headers as own
+from consumer_kit.errors import PublishError
 
 from .config import NATSConfig
 from .connection import API_TIMEOUT, NATSConnection

@@ -13,10 +13,10 @@ from tenacity import (
     RetryCallState,
     retry_if_not_exception_type,
     stop_after_delay,
-    wait_exponential,
 )
 
 from consumer_kit.codec.redaction import redact_url
+from consumer_kit.resilience.backoff import RECONNECT
 
 from . import wire
 from .errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 _closing: set[asyncio.Task[None]] = set()  # channel closes still waiting for the broker's reply
 
 # Pause between recovery attempts: 0.1 s, 0.2 s, 0.4 s, ... at most 5 s.
-BACKOFF = wait_exponential(multiplier=0.1, max=5.0)
+BACKOFF = RECONNECT.wait()
 
 
 def log_retries(what: str, *, alert_after: float | None = None) -> Callable[[RetryCallState], None]:

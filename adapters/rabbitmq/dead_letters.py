@@ -27,10 +27,10 @@ import aiormq.exceptions
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
-from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, CopyRefused, Redrive, RedriveAsked
+from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, CopyRefused
 
 from .connection import close_quietly, open_connection
 from .envelope import (

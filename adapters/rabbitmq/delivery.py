@@ -59,7 +59,8 @@ from .envelope import (
     own_user_of,
     sender_of,
 )
-from .limits import Unsendable, fit_headers, frame_max_of
+from .errors import Unsendable
+from .limits import fit_headers, frame_max_of
 from .topology import QueueNames
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import aiormq.exceptions
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 
 from .config import vhost_of
 
@@ -129,3 +129,13 @@ def publish_error(exc: BaseException, message_id: str, destination: str, *, alon
         f"publish of message_id={message_id} to {destination!r} not confirmed: "
         f"{text or describe(exc)}"
     )
+
+
+class Unsendable(Exception):
+    """This message cannot be published as it is (too large for a limit, or headers that cannot
+    be encoded). ``str(error)`` names the limit and the size in bytes; never the payload."""
+
+    def __init__(self, text: str, *, size: int | None = None, limit: int | None = None) -> None:
+        super().__init__(text)
+        self.size = size
+        self.limit = limit

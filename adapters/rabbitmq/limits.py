@@ -26,19 +26,10 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from .envelope import TRIMMED_HEADER, is_kept
+from .errors import Unsendable
 
 DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
 """Bytes: RabbitMQ 3.10's default ``max_message_size``."""
-
-
-class Unsendable(Exception):
-    """This message cannot be published as it is (too large for a limit, or headers that cannot
-    be encoded). ``str(error)`` names the limit and the size in bytes; never the payload."""
-
-    def __init__(self, text: str, *, size: int | None = None, limit: int | None = None) -> None:
-        super().__init__(text)
-        self.size = size
-        self.limit = limit
 
 
 def frame_max_of(channel: AbstractChannel) -> int:

@@ -31,20 +31,14 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
-from consumer_kit.broker.publishing import (
-    OutgoingMessage,
-    Publisher,
-    PublishError,
-    PublishTimeout,
-    headers_to_send,
-)
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, headers_to_send
+from consumer_kit.errors import ConfigurationError, PublishError, PublishTimeout
 
 from . import confirms
 from .connection import close_quietly, connect_retrying, is_open, open_connection
 from .envelope import user_of_url
-from .errors import describe, is_refusal, publish_error, reply_of
-from .limits import DEFAULT_MAX_MESSAGE_SIZE, Unsendable, check_fits, frame_max_of
+from .errors import Unsendable, describe, is_refusal, publish_error, reply_of
+from .limits import DEFAULT_MAX_MESSAGE_SIZE, check_fits, frame_max_of
 from .topology import declare_topic_exchange
 
 logger = logging.getLogger(__name__)

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 
 from .connection import close_quietly
-from .errors import describe, is_refusal, publish_error
-from .limits import TooLarge, add_or_refuse, batch_for, check_fits_alone
+from .errors import TooLarge, describe, is_refusal, publish_error
+from .limits import add_or_refuse, batch_for, check_fits_alone
 from .throttling import while_throttled
 from .topology import sender_for
 

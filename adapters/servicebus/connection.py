@@ -15,9 +15,9 @@ import logging
 from typing import Any
 
 from azure.servicebus.aio import ServiceBusClient
-from tenacity import wait_exponential
 
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.resilience.backoff import RECONNECT
 
 from .config import Namespace
 from .errors import describe
@@ -25,7 +25,7 @@ from .errors import describe
 logger = logging.getLogger(__name__)
 
 # Pause between recovery attempts: 0.1 s, 0.2 s, 0.4 s, ... at most 5 s.
-BACKOFF = wait_exponential(multiplier=0.1, max=5.0)
+BACKOFF = RECONNECT.wait()
 
 
 class Connection:

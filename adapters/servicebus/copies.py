@@ -11,8 +11,8 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
 
 from .connection import close_quietly
-from .errors import describe, is_refusal
-from .limits import TooLarge, check_fits_alone, encoded_size, link_message_limit
+from .errors import TooLarge, describe, is_refusal
+from .limits import check_fits_alone, encoded_size, link_message_limit
 from .throttling import while_throttled
 from .topology import sender_for
 

@@ -61,16 +61,10 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBu
 from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
-from consumer_kit.broker.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    Redrive,
-    RedriveAsked,
-    RemoveFailed,
-)
+from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 
 from .browse import BrowseCursor
 from .config import Namespace
@@ -82,8 +76,8 @@ from .envelope import (
     message_id_of,
     redrive_copy_of,
 )
-from .errors import LOCK_LOST, dead_letter_error, describe, is_refusal
-from .limits import TooLarge, check_fits_alone
+from .errors import LOCK_LOST, TooLarge, dead_letter_error, describe, is_refusal
+from .limits import check_fits_alone
 from .throttling import while_throttled
 from .topology import Entity, sender_for
 

@@ -63,6 +63,7 @@ from azure.servicebus.exceptions import MessageAlreadySettled, MessageSizeExceed
 
 from consumer_kit.broker import Delivery
 from consumer_kit.codec import headers as own_headers
+from consumer_kit.errors import LockLost
 
 from .envelope import (
     as_sent,
@@ -74,9 +75,8 @@ from .envelope import (
     message_id_of,
     schedule_time,
 )
-from .errors import LOCK_LOST, describe, is_refusal
+from .errors import LOCK_LOST, TooLarge, describe, is_refusal
 from .header_limits import dead_letter_room
-from .limits import TooLarge
 from .lock_clock import LockExpiry, align_sdk
 from .renewal import Renewal
 from .route import Route
@@ -98,10 +98,6 @@ EXPIRES_BEFORE_RETRY = "expires_before_retry"
 """Dead-letter reason: a retry's delay would outlast the message's time to live."""
 
 _WHOLE_SECOND = 1.0  # the SDK sets a time to live in whole seconds: less than one is none at all
-
-
-class LockAlreadyLost(Exception):
-    """The delivery's lock was reported lost earlier: nothing is sent for it anymore."""
 
 
 class ServiceBusDelivery(Delivery):
@@ -403,7 +399,7 @@ class ServiceBusDelivery(Delivery):
         give_backs.record(self.queue, self.sequence_number, self._broker_count, suspect=self.redelivered)
         try:
             await self._sdk(lambda receiver, message: receiver.abandon_message(message))
-        except (*LOCK_LOST, LockAlreadyLost, MessageAlreadySettled):
+        except (*LOCK_LOST, LockLost, MessageAlreadySettled):
             give_backs.forget(self.queue, self.sequence_number)
             raise
         self._route.counters.add("given_back")
@@ -420,7 +416,7 @@ class ServiceBusDelivery(Delivery):
         copies = self._route.copies
         assert copies is not None
         if self.lock_lost:
-            raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
+            raise LockLost(f"lock of message_id={self.message_id} already lost")
         copy = copy_of(
             self._message, self.headers_for_copies, self.body,
             deliveries_before=deliveries_before, message_id=self.message_id, suspect=suspect,
@@ -467,7 +463,7 @@ class ServiceBusDelivery(Delivery):
         lost now is remembered (never settled as done afterwards) and counted. A throttled one
         (``ServiceBusServerBusyError``) is made again after a backoff, within ``settle_timeout``."""
         if self.lock_lost:
-            raise LockAlreadyLost(f"lock of message_id={self.message_id} already lost")
+            raise LockLost(f"lock of message_id={self.message_id} already lost")
 
         async def settle_through(route: Route) -> None:
             # Throttled: made again after a backoff, on the same receiver and lock (throttling.py).

@@ -33,8 +33,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from consumer_kit.broker.publishing import PublishError
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, PublishError
 
 LOCK_LOST = (MessageLockLostError, SessionLockLostError)
 """The delivery is no longer ours: never settle it as done, let the broker redeliver it."""
@@ -103,3 +102,16 @@ def dead_letter_error(
             f"Service Bus at {where} did not answer {what} on {dead_letters} within {call_timeout:g} s"
         )
     return ConnectionError(f"{what} on {dead_letters} at {where} failed: {describe(exc)}")
+
+
+class TooLarge(Exception):
+    """This message cannot be sent as it is. ``str(error)`` names the limit and the body's size in
+    bytes, never the payload."""
+
+    def __init__(self, text: str, *, limit: int) -> None:
+        super().__init__(text)
+        self.limit = limit
+
+
+class HeaderTooLarge(ValueError):
+    """A message breaks a header limit; ``str(error)`` names the property and the sizes (bytes)."""

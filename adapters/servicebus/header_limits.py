@@ -25,6 +25,8 @@ from typing import Any
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceivedMessage
 
+from .errors import HeaderTooLarge
+
 PROPERTY_LIMIT = 32 * 1024
 """Bytes one message property may take, name and value (Service Bus quotas)."""
 HEADER_LIMIT = 64 * 1024
@@ -44,10 +46,6 @@ _SYSTEM_FIELDS = (
     "content_type",
     "partition_key",
 )
-
-
-class HeaderTooLarge(ValueError):
-    """A message breaks a header limit; ``str(error)`` names the property and the sizes (bytes)."""
 
 
 def property_bytes(value: Any) -> int:

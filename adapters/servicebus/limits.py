@@ -20,14 +20,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusMessageBatch
 from azure.servicebus.aio import ServiceBusSender
 from azure.servicebus.exceptions import MessageSizeExceededError
 
-
-class TooLarge(Exception):
-    """This message cannot be sent as it is. ``str(error)`` names the limit and the body's size in
-    bytes, never the payload."""
-
-    def __init__(self, text: str, *, limit: int) -> None:
-        super().__init__(text)
-        self.limit = limit
+from .errors import TooLarge
 
 
 def link_message_limit(sender: ServiceBusSender) -> int:

@@ -12,13 +12,15 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher
+from consumer_kit.errors import PublishError
 
 from .batching import EntityBatcher, Pending
 from .config import Namespace
 from .connection import Connection
 from .envelope import outgoing_message
-from .header_limits import HeaderTooLarge, check_header
+from .errors import HeaderTooLarge
+from .header_limits import check_header
 from .topology import not_created_here
 
 logger = logging.getLogger(__name__)

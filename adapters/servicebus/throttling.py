@@ -29,9 +29,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from azure.servicebus.exceptions import ServiceBusServerBusyError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from consumer_kit.broker.kit.counters import Counters
+from consumer_kit.resilience.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +42,18 @@ THROTTLED = (ServiceBusServerBusyError,)
 """What Service Bus raises when it throttles (``com.microsoft:server-busy``)."""
 
 
+THROTTLE = Backoff(first=0.5, cap=8.0)
+"""After the n-th throttled call in a row: 0.5 s, 1 s, 2 s (Azure's advice), ... at most 8 s. Each
+caller's own timeout bounds the whole, so a throttle that outlasts it fails the call as before."""
+
+
 def backoff_seconds(attempt: int) -> float:
-    """Seconds to wait after the ``attempt``-th throttled call in a row (1, 2, ...): 0.5 s, 1 s,
-    2 s (Azure's advice), ... at most 8 s. Each caller's own timeout bounds the whole, so a
-    throttle that outlasts it fails the call as before."""
-    return min(8.0, 0.5 * float(2 ** max(0, attempt - 1)))
+    """Seconds to wait after the ``attempt``-th throttled call in a row (1, 2, ...)."""
+    return THROTTLE.delay(attempt)
 
 
-THROTTLE_BACKOFF = wait_exponential(multiplier=0.5, min=0.5, max=8.0)
-""":func:`backoff_seconds` as a tenacity wait."""
+THROTTLE_BACKOFF = THROTTLE.wait()
+""":data:`THROTTLE` as a tenacity wait."""
 
 
 def is_throttled(exc: BaseException | None) -> bool:

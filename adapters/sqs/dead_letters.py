@@ -53,16 +53,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
-from consumer_kit.broker.dead_letters import (
-    REASON_ON_COPY_CHARS,
-    CopyRefused,
-    Redrive,
-    RedriveAsked,
-    RemoveFailed,
-)
+from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 
 from .config import SQSConfig
 from .connection import SQSClient

@@ -41,7 +41,7 @@ the visibility timeout (the delivery's ``lock_seconds``), moved by each extensio
 (:mod:`consumer_kit.adapters.sqs.renewal`). Past that (less a margin of 10 % of the timeout, at most
 1 s: :class:`consumer_kit.broker.kit.pull_consumer.PulledDelivery`) nothing is settled any more: SQS may have
 handed the message to someone else, so an ack would delete a message another worker holds.
-Such a settlement raises :class:`~consumer_kit.adapters.sqs.settlement.LockLost` and the delivery is ``lost``;
+Such a settlement raises :class:`~consumer_kit.errors.LockLost` and the delivery is ``lost``;
 the message comes back (or already came back) and the ledger answers it as a duplicate.
 """
 
@@ -60,6 +60,7 @@ from consumer_kit.broker import sender_across_copies
 from consumer_kit.broker.kit.pull_consumer import PulledDelivery
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.envelope import CORRELATION_ID_HEADER
+from consumer_kit.errors import LockLost
 
 from .config import MAX_VISIBILITY_SECONDS
 from .envelope import (
@@ -75,7 +76,7 @@ from .envelope import (
 )
 from .limits import fit
 from .redelivery import GIVE_BACKS
-from .settlement import LockLost, Settler
+from .settlement import Settler
 from .topology import QueueInfo
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 
 _PREFIX = "AWS.SimpleQueueService."
 

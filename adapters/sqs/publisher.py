@@ -25,10 +25,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError, first_enqueued_mark
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher, first_enqueued_mark
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import MESSAGE_TYPE_HEADER
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, PublishError
 
 from .batching import Batcher
 from .config import SQSConfig

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from consumer_kit.broker.kit.counters import Counted, Counters
+from consumer_kit.errors import LockLost
 
 from .batching import Batcher
 from .connection import SQSClient
@@ -37,11 +38,6 @@ logger = logging.getLogger(__name__)
 
 DELETE_ATTEMPTS = 3
 """Tries of one delete entry that SQS failed on its side (``SenderFault: false``)."""
-
-
-class LockLost(Exception):
-    """The delivery's peek-lock is gone (its visibility lapsed, or SQS no longer knows its receipt
-    handle): it is not ours to settle any more, and the message comes (or came) back by itself."""
 
 
 class _EntryFailed(Exception):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from consumer_kit.codec import headers as own
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 
 logger = logging.getLogger("consumer_kit.dead_letters")
 
@@ -153,16 +153,6 @@ class DeadLetterQueues:
             f"listing and redriving dead letters is not supported by this broker ({type(self).__name__}); "
             f"read the dead-letter queue of {queue!r} with the broker's own tools"
         )
-
-
-class CopyRefused(Exception):
-    """Raised by :meth:`Redrive.send_copy`: the broker refused this copy, or it does not fit; the
-    text says why (no payload). The dead letter is counted ``failed`` and left where it is."""
-
-
-class RemoveFailed(Exception):
-    """Raised by :meth:`Redrive.remove`: the copy was sent but the dead letter could not be removed;
-    the text says why. It stays in the dead-letter queue too (a second redrive is a duplicate)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumer_kit.codec import headers as own
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, PublishTimeout
 
 
 @dataclass(frozen=True)
@@ -44,35 +44,6 @@ class OutgoingMessage:
     partition_key: str | None = None
     content_type: str = "application/json"
     first_enqueued_at: dt.datetime | None = None
-
-
-class PublishError(Exception):
-    """The broker did not confirm a publish (nack, return, timeout, lost connection, refusal).
-
-    Three kinds, which the relay treats differently:
-
-    * transient (``transient=True``, the default): the broker or the connection is at fault and
-      the same message will go through once it is back (connection lost, timeout, nack). Retried
-      soon; never parks a row.
-    * row (``transient=False``): this message could not be delivered as addressed but might be
-      later (no such queue yet). Backed off; parked after the relay's max attempts.
-    * permanent (``permanent=True``): this message can never be published as it is (too large for
-      the broker's frame or message limit, a destination of another type, access refused). Parked
-      at once, with the broker's reply text in ``str(error)``.
-    """
-
-    def __init__(self, message: str, *, transient: bool = True, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.permanent = permanent
-        self.transient = transient and not permanent
-
-
-class PublishTimeout(PublishError):
-    """No confirm within the time :meth:`Publisher.publish_batch` was given (transient: the
-    broker may still have the message; publishing again with the same ``message_id`` is safe)."""
-
-    def __init__(self, message: str = "not confirmed in time") -> None:
-        super().__init__(message, transient=True)
 
 
 class Publisher(abc.ABC):

@@ -45,9 +45,9 @@ from consumer_kit.cli.console import (
     to_json,
     user_errors,
 )
+from consumer_kit.errors import Refused
 from consumer_kit.ops.operator_actions import (
     RedriveOutcome,
-    Refused,
     Row,
     Selection,
     dead_letter_rows,

@@ -34,6 +34,7 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.db.embedded import database_url
+from consumer_kit.errors import Refused
 from consumer_kit.ledger.inspect import (
     COMPLETED_DECISION,
     FAILED_DECISION,
@@ -43,7 +44,7 @@ from consumer_kit.ledger.inspect import (
     OperationDetail,
     OperationSummary,
 )
-from consumer_kit.ops.operator_actions import Refused, default_actor, resolve_parked
+from consumer_kit.ops.operator_actions import default_actor, resolve_parked
 from consumer_kit.settings import EMBEDDED, DatabaseSettings
 
 T = TypeVar("T")

@@ -31,7 +31,7 @@ from consumer_kit.app import App
 from consumer_kit.codec.plain_text import escape_controls
 from consumer_kit.codec.redaction import redact, redact_url
 from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, Guard, Identity, same_origin
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, Refused
 from consumer_kit.identity import downstream_key
 from consumer_kit.ledger.audit import AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, LedgerInspector, OperationDetail
@@ -39,7 +39,6 @@ from consumer_kit.model.evidence import OPERATOR_EVIDENCE
 from consumer_kit.model.operation_row import NEEDS_RECONCILIATION
 from consumer_kit.ops.operator_actions import (
     Group,
-    Refused,
     Selection,
     dead_letter_rows,
     default_actor,

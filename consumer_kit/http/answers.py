@@ -16,7 +16,8 @@ import logging
 
 from starlette.responses import Response
 
-from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
+from consumer_kit.errors import InvalidBody
+from consumer_kit.http.intent import RequestIntent, RequestParts
 from consumer_kit.http.policy import IdempotencyPolicy
 from consumer_kit.http.problems import (
     KEY_REUSED,

@@ -15,6 +15,7 @@ import asyncio
 
 from starlette.requests import Request
 
+from consumer_kit.errors import BodyTooLarge
 from consumer_kit.http.intent import RequestIntent, RequestParts
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -25,14 +26,6 @@ MAX_BODY_BYTES_LIMIT = 1024 * 1024 * 1024
 
 OFF_LOOP_BYTES = 64 * 1024
 """Bytes: a body larger than this is parsed and fingerprinted in a worker thread."""
-
-
-class BodyTooLarge(Exception):
-    """The request body is over the limit; ``detail`` (no body content) says by what measure."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

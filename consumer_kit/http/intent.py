@@ -25,16 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumer_kit.codec import strict_json
-from consumer_kit.errors import ConfigurationError, InvalidMessage
-from consumer_kit.identity import UnsupportedNumber, fingerprint_of
-
-
-class InvalidBody(Exception):
-    """The request body has no single meaning to fingerprint; ``detail`` names the rule."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+from consumer_kit.errors import ConfigurationError, InvalidBody, InvalidMessage, UnsupportedNumber
+from consumer_kit.identity import fingerprint_of
 
 
 @dataclass(frozen=True)

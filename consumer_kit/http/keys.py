@@ -21,26 +21,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, MalformedKey, MissingKey
 from consumer_kit.identity import MAX_KEY_BYTES, utf8_bytes
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
-
-
-class KeyRefused(Exception):
-    """The request's ``Idempotency-Key`` cannot be used; ``detail`` says why (never quoting it)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-
-
-class MissingKey(KeyRefused):
-    """No ``Idempotency-Key`` field on a route that requires one (draft section 2.7: 400)."""
-
-
-class MalformedKey(KeyRefused):
-    """The field is present but is not one sf-string in the published :class:`KeyFormat`."""
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,24 @@ from psycopg_pool import AsyncConnectionPool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from consumer_kit.errors import PermanentFailure, StatementTimeout
+from consumer_kit.errors import (
+    BodyTooLarge,
+    CommitUncertain,
+    HandlerTimeout,
+    InvalidBody,
+    KeyRefused,
+    MissingKey,
+    PermanentFailure,
+    ResponseNotStorable,
+    StaleConnection,
+    StatementTimeout,
+    TransactionEnded,
+)
 from consumer_kit.http.answers import answer, key_digest, reconciling, request_intent
-from consumer_kit.http.body import BodyTooLarge, read_body
 from consumer_kit.http.body import fingerprint as body_fingerprint
-from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
-from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, KeyRefused, MissingKey, idempotency_key
+from consumer_kit.http.body import read_body
+from consumer_kit.http.intent import RequestIntent, RequestParts
+from consumer_kit.http.keys import IDEMPOTENCY_KEY_HEADER, idempotency_key
 from consumer_kit.http.operation import Operation, serving, stop_serving
 from consumer_kit.http.policy import IdempotencyPolicy
 from consumer_kit.http.problems import (
@@ -79,11 +91,7 @@ from consumer_kit.http.problems import (
     problem_response,
 )
 from consumer_kit.http.scope import request_identity, route_template
-from consumer_kit.http.stored import (
-    MAX_STORED_BODY_BYTES,
-    ResponseNotStorable,
-    StoredResponse,
-)
+from consumer_kit.http.stored import MAX_STORED_BODY_BYTES, StoredResponse
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
@@ -92,10 +100,6 @@ from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
-    CommitUncertain,
-    HandlerTimeout,
-    StaleConnection,
-    TransactionEnded,
     begin,
     commit,
     commit_forbidden,

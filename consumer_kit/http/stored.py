@@ -28,7 +28,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, ResponseNotStorable
 from consumer_kit.model.results import StoredResult
 
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -54,14 +54,6 @@ MAX_STORED_BODY_BYTES = 1024 * 1024
 """Bytes: the largest stored body a policy may allow (a ledger row is no blob store)."""
 
 _FORMAT_VERSION = 1
-
-
-class ResponseNotStorable(Exception):
-    """The endpoint's response cannot be stored for replay; ``detail`` says why (no body)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
 
 
 def stored_header_names(extra: Iterable[str]) -> frozenset[str]:

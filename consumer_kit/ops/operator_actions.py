@@ -26,17 +26,13 @@ from consumer_kit.app import App
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.codec import marks
 from consumer_kit.codec.envelope import Envelope
-from consumer_kit.errors import InvalidMessage
+from consumer_kit.errors import InvalidMessage, Refused
 from consumer_kit.ledger.audit import NOTE_CHARS, AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, NOT_DONE_DECISION, LedgerInspector
 from consumer_kit.ledger.mark_keys import install_mark_keys
 from consumer_kit.ops.stats import failure_times
 from consumer_kit.pipeline.decoding import decode
 from consumer_kit.settings import BrokerSettings
-
-
-class Refused(Exception):
-    """The action was refused; the text says why and what to do instead (no payload)."""
 
 
 def default_actor() -> str:

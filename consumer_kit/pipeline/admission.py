@@ -25,13 +25,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-
-class GiveBack(Exception):
-    """The delivery must not start now (``reason`` is ``"paused"``): release it uncounted."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+from consumer_kit.errors import GiveBack
 
 
 class Admission:

@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.errors import CommitUncertain, StaleConnection, TransactionEnded
 from consumer_kit.handler import Context, batches_at_once
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.verdict import Verdict, VerdictKind
@@ -42,9 +43,6 @@ from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
-    CommitUncertain,
-    StaleConnection,
-    TransactionEnded,
     begin_and_claim,
     commit,
     commit_forbidden,

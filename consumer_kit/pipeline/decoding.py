@@ -21,9 +21,9 @@ from consumer_kit.codec.envelope import (
     TENANT_HEADER,
     Envelope,
 )
-from consumer_kit.errors import DeadLetterReason, InvalidMessage
+from consumer_kit.errors import DeadLetterReason, InvalidMessage, UnsupportedNumber
 from consumer_kit.handler import Handler
-from consumer_kit.identity import MAX_TENANT_BYTES, UnsupportedNumber, normalize_key
+from consumer_kit.identity import MAX_TENANT_BYTES, normalize_key
 from consumer_kit.model.decoded import Decoded
 from consumer_kit.model.identity import OperationIdentity
 

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from consumer_kit.pipeline.faults import FaultKind
+from consumer_kit.resilience.backoff import Backoff
 
 __all__ = ["IN_PLACE_CONTENTION_RETRIES", "Action", "FaultDecision", "FaultLimits", "fault_decision"]
 
 IN_PLACE_CONTENTION_RETRIES = 3
-_CONTENTION_BASE_DELAY = 0.05  # seconds; full jitter, doubling per in-place retry
+_IN_PLACE = Backoff(first=0.1, cap=60.0)  # seconds, full jitter: 0.1, 0.2, 0.4 for the in-place retries
 
 
 class Action(enum.StrEnum):
@@ -89,8 +90,7 @@ def fault_decision(
         return FaultDecision(Action.DEAD_LETTER)
     if kind is FaultKind.CONTENTION:
         if retried_in_place < IN_PLACE_CONTENTION_RETRIES:
-            ceiling = _CONTENTION_BASE_DELAY * 2 ** (retried_in_place + 1)
-            return FaultDecision(Action.RETRY_IN_PLACE, delay=jitter * ceiling)
+            return FaultDecision(Action.RETRY_IN_PLACE, delay=_IN_PLACE.jittered(retried_in_place + 1, jitter))
         if contentions is None:
             return FaultDecision(Action.COUNT)
         bound = limits.max_contentions

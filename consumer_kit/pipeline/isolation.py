@@ -24,12 +24,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery, Settlement
 from consumer_kit.codec.envelope import Envelope
-from consumer_kit.errors import DeadLetterReason, SimulatedCrash
+from consumer_kit.errors import DeadLetterReason, GiveBack, SimulatedCrash
 from consumer_kit.ledger import AttemptBook, AttemptCounts
 from consumer_kit.model.decision import Decision
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.outcomes import Outcome
-from consumer_kit.pipeline.admission import Admission, GiveBack
+from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.lanes import Lanes

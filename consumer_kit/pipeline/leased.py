@@ -38,9 +38,8 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.pool import bounded
-from consumer_kit.effects import Evidence, Reconciled
-from consumer_kit.effects import Verdict as Reconciliation
-from consumer_kit.errors import LeaseLost, PermanentFailure, SimulatedCrash
+from consumer_kit.effects import Evidence, Reconciled, Reconciliation
+from consumer_kit.errors import CommitUncertain, LeaseLost, PermanentFailure, SimulatedCrash, TransactionEnded
 from consumer_kit.handler import Context
 from consumer_kit.ledger import EvidenceBook
 from consumer_kit.model.fence import Fence
@@ -51,8 +50,6 @@ from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
-    CommitUncertain,
-    TransactionEnded,
     begin,
     commit,
     ensure_transaction_open,

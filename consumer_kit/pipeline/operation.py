@@ -35,6 +35,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from consumer_kit.db.pool import bounded
+from consumer_kit.errors import TransactionEnded
 from consumer_kit.ledger import Claim, Ledger
 from consumer_kit.ledger.failures import ClaimedFailures
 from consumer_kit.model import operation_row as states
@@ -45,7 +46,7 @@ from consumer_kit.model.operation_row import OperationRow
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.retention import Retention
 from consumer_kit.model.verdict import Verdict, VerdictKind
-from consumer_kit.pipeline.transaction import TransactionEnded, begin_and_claim
+from consumer_kit.pipeline.transaction import begin_and_claim
 from consumer_kit.settings import Settings
 
 __all__ = ["IntentUnder", "Operations"]

@@ -40,13 +40,13 @@ from consumer_kit.app import App
 from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.pool import open_pool
-from consumer_kit.errors import InvalidMessage, SimulatedCrash
+from consumer_kit.errors import GiveBack, InvalidMessage, SimulatedCrash
 from consumer_kit.ledger import AttemptBook, AttemptCounts
 from consumer_kit.model.decision import Decision
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
-from consumer_kit.pipeline.admission import Admission, GiveBack
+from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.batch import BatchItem, BatchOutcome, BatchPath
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
@@ -61,8 +61,8 @@ from consumer_kit.pipeline.transaction import on_own_connection
 from consumer_kit.pipeline.transactional import TransactionalPath, message_intent
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry import (
-    Counters,
     DeliveryTrace,
+    OutcomeCounters,
     delivery_span,
     describe_error,
     describe_traceback,
@@ -135,7 +135,7 @@ class Runtime:
         self.worker_id = worker_id or default_worker_id()
         self.admission = admission or Admission()
         self.hooks = hooks
-        self.counters = Counters()
+        self.counters = OutcomeCounters()
         self.messaging_system = messaging_system(settings.broker_url)  # the spans' messaging.system
         self.operations = Operations(settings, self.worker_id)
         self.attempts = AttemptBook(settings.db_schema, self.worker_id)

@@ -19,29 +19,16 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit.db import prepared
 from consumer_kit.db.deadlines import overran, step_bound
 from consumer_kit.db.pool import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
-from consumer_kit.errors import RetryableError, StatementTimeout
+from consumer_kit.errors import (
+    CommitUncertain,
+    HandlerTimeout,
+    StaleConnection,
+    StatementTimeout,
+    TransactionEnded,
+)
 from consumer_kit.model.results import Result, StoredResult
 
 T = TypeVar("T")
-
-
-class HandlerTimeout(RetryableError):
-    """The handler ran longer than ``handler_timeout``: a handler fault (rolled back, retried)."""
-
-
-class TransactionEnded(Exception):
-    """The handler ended the delivery's transaction itself (``COMMIT``/``ROLLBACK`` sent as SQL,
-    possibly followed by a new ``BEGIN``): part of its effect may be durable without the
-    ledger's completion."""
-
-
-class CommitUncertain(Exception):
-    """The COMMIT was sent but its reply was lost or late: the effect may or may not be durable.
-    The connection has been discarded."""
-
-
-class StaleConnection(Exception):
-    """A pooled connection was dead before anything was sent on it: take another one."""
 
 
 async def begin(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:

@@ -20,9 +20,15 @@ from psycopg_pool import AsyncConnectionPool
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.deadlines import DeliveryClock
-from consumer_kit.errors import PermanentFailure, StatementTimeout
+from consumer_kit.errors import (
+    CommitUncertain,
+    PermanentFailure,
+    StaleConnection,
+    StatementTimeout,
+    TransactionEnded,
+    UnsupportedNumber,
+)
 from consumer_kit.handler import Context
-from consumer_kit.identity import UnsupportedNumber
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
@@ -30,9 +36,6 @@ from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.operation import IntentUnder, Operations
 from consumer_kit.pipeline.transaction import (
-    CommitUncertain,
-    StaleConnection,
-    TransactionEnded,
     commit,
     commit_forbidden,
     ensure_transaction_open,

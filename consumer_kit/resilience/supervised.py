@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from consumer_kit.resilience.backoff import Backoff
+
 logger = logging.getLogger("consumer_kit.supervised")
 
 FIRST_PAUSE = 0.1  # seconds before the first restart
@@ -137,7 +139,7 @@ class Supervised:
             _LIVE.discard(self)
 
     async def _restarting(self) -> None:
-        pause = self._first_pause
+        backoff, deaths_in_a_row = Backoff(first=self._first_pause, cap=self._max_pause), 0
         while True:
             began = time.monotonic()
             self._run = asyncio.ensure_future(self._one_run())
@@ -160,8 +162,8 @@ class Supervised:
             self.deaths += 1
             self.died.set()
             self.started.clear()
-            if time.monotonic() - began > _HEALTHY_AFTER:
-                pause = self._first_pause
+            deaths_in_a_row = 1 if time.monotonic() - began > _HEALTHY_AFTER else deaths_in_a_row + 1
+            pause = backoff.delay(deaths_in_a_row)
             logger.error(
                 "background task %s died (%s); restarting in %.1f s", self.name, type(death).__name__, pause,
                 exc_info=death,
@@ -170,7 +172,6 @@ class Supervised:
             if hold is not None:
                 await hold.wait()
             await asyncio.sleep(pause)
-            pause = min(self._max_pause, pause * 2)
             self.restarts += 1
             self.died.clear()
             logger.info("background task %s restarted", self.name)

@@ -17,7 +17,7 @@ module             job
 ``minute_counts``  outcome counts per operation type and minute, for the ledger's outcome_counts
 =================  ===============================================================================
 
-In-process outcome counters (:class:`Counters`) feed the demo (``examples/invoices/demo.py``), the testing kit and
+In-process outcome counters (:class:`OutcomeCounters`) feed the demo (``examples/invoices/demo.py``), the testing kit and
 health output.
 """
 
@@ -41,7 +41,7 @@ from consumer_kit.telemetry.tracing import (
 )
 
 __all__ = [
-    "Counters",
+    "OutcomeCounters",
     "DeliveryTrace",
     "delivery_span",
     "describe_error",
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 
-class Counters:
+class OutcomeCounters:
     """In-process outcome counters: ``counters["duplicate"]`` etc."""
 
     def __init__(self) -> None:
@@ -72,7 +72,7 @@ class Counters:
 
 
 def record(
-    report: DeliveryReport, counters: Counters, operation_type: str | None,
+    report: DeliveryReport, counters: OutcomeCounters, operation_type: str | None,
     notes: DeliveryTrace | None = None,
 ) -> None:
     """Count, measure and log one delivery report (``notes``: its span's notes, for the log

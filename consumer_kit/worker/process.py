@@ -48,6 +48,7 @@ from consumer_kit.ops.gauges import watch_paused
 from consumer_kit.pipeline.admission import Admission
 from consumer_kit.pipeline.batching import Batcher, batch_setting
 from consumer_kit.pipeline.runtime import Runtime, RuntimeHooks
+from consumer_kit.resilience.backoff import Backoff
 from consumer_kit.resilience.supervised import Supervised
 from consumer_kit.settings import Settings
 from consumer_kit.telemetry.metrics import record_pause
@@ -237,14 +238,15 @@ class Worker:
     async def _probe_until_writable(self) -> None:
         assert self._database_url is not None and self._pool is not None and self.runtime is not None
         paused_at = time.monotonic()
-        delay = _FIRST_PROBE_DELAY
+        cap = self.settings.probe_backoff_max
+        probes, backoff = 0, Backoff(first=min(_FIRST_PROBE_DELAY, cap), cap=cap)
         while not self._stop.is_set():
-            await asyncio.sleep(delay)
+            probes += 1
+            await asyncio.sleep(backoff.delay(probes))
             reason = await probe_writable(self._database_url, timeout=self.settings.statement_timeout)
             if reason is None:
                 break
-            logger.info("database still unavailable (%s); next probe in %.1f s", reason, delay)
-            delay = min(delay * 2, self.settings.probe_backoff_max)
+            logger.info("database still unavailable (%s); next probe in %.1f s", reason, backoff.delay(probes + 1))
         else:
             return
         # Sessions opened during the outage may be read-only or dead: start from new ones.

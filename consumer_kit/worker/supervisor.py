@@ -17,9 +17,13 @@ import threading
 import time
 from collections.abc import Sequence
 
+from consumer_kit.resilience.backoff import Backoff
+
 logger = logging.getLogger("consumer_kit.supervisor")
 
 MAX_RESTART_PAUSE = 30.0  # seconds
+_RESTART = Backoff(first=0.5, cap=MAX_RESTART_PAUSE)  # between restarts of a child that keeps dying
+_RESTART = Backoff(first=0.5, cap=MAX_RESTART_PAUSE)  # between restarts of a child that keeps dying
 
 
 class Supervisor:
@@ -68,7 +72,7 @@ class Supervisor:
                 if code is None or self._stopping.is_set():
                     continue
                 self._failures[slot] = self._failures.get(slot, 0) + 1
-                pause = min(MAX_RESTART_PAUSE, 0.5 * 2 ** (self._failures[slot] - 1))
+                pause = _RESTART.delay(self._failures[slot])
                 logger.warning("worker %s (pid %s) exited with %s; restarting in %.1f s", slot, child.pid, code, pause)
                 if self._stopping.wait(pause):
                     break

@@ -14,10 +14,10 @@ from importlib.metadata import entry_points, metadata
 import pytest
 
 from consumer_kit.broker import DeadLetterQueues, RedriveReport
-from consumer_kit.broker.dead_letters import CopyRefused, DeadLetter, Redrive, RedriveAsked, RemoveFailed
+from consumer_kit.broker.dead_letters import DeadLetter, Redrive, RedriveAsked
 from consumer_kit.broker.kit.counters import Counted, Counters
 from consumer_kit.broker.registry import GROUP, REQUIRED, adapter_for, check_adapter, open_dead_letters
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 from consumer_kit.settings import Settings
 
 

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 
 from consumer_kit import Context, Handler, Result
 from consumer_kit.codec.strict_json import MAX_INTEGER_DIGITS, loads
-from consumer_kit.errors import ContextSealed, DeadLetterReason, InvalidMessage
-from consumer_kit.identity import MAX_NUMBER_DIGITS, UnsupportedNumber, canonical_json
+from consumer_kit.errors import ContextSealed, DeadLetterReason, InvalidMessage, UnsupportedNumber
+from consumer_kit.identity import MAX_NUMBER_DIGITS, canonical_json
 from consumer_kit.testing import Harness
 from tests.fixtures.broker_env import Env, command
 

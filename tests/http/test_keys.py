@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
-from consumer_kit.http.keys import (
-    UUID_KEYS,
-    KeyFormat,
-    MalformedKey,
-    MissingKey,
-    idempotency_key,
-    parse_sf_string,
-)
+from consumer_kit.errors import InvalidBody, MalformedKey, MissingKey
+from consumer_kit.http.intent import RequestIntent, RequestParts
+from consumer_kit.http.keys import UUID_KEYS, KeyFormat, idempotency_key, parse_sf_string
 from consumer_kit.http.scope import scope_tenant
 
 UUID = "8e03978e-40d5-43e8-bc93-6894a57f9324"

@@ -30,9 +30,10 @@ from consumer_kit import (
     Result,
 )
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
+from consumer_kit.errors import StaleVersion
 from consumer_kit.ledger import migrate
 from consumer_kit.ledger.retention import Pruner
-from consumer_kit.versions import StaleVersion, apply_if_newer, update_expecting
+from consumer_kit.versions import apply_if_newer, update_expecting
 from examples.accounts.app import SCHEMA_SQL as ACCOUNTS_SQL
 from examples.accounts.app import CreditLimitHandler, SetCreditLimit
 from tests.fixtures.harness import fetch_all, runtime_for, throwaway_schema

@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishTimeout
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher
+from consumer_kit.errors import PublishTimeout
 from consumer_kit.outbox_relay.counters import RelayCounters
 from consumer_kit.outbox_relay.publishing import RowPublisher
 from consumer_kit.outbox_relay.routing import Routing

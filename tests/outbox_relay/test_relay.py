@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from consumer_kit.adapters.memory import MemoryBroker, MemoryPublisher
-from consumer_kit.broker.publishing import OutgoingMessage, Publisher, PublishError
-from consumer_kit.errors import ConfigurationError
+from consumer_kit.broker.publishing import OutgoingMessage, Publisher
+from consumer_kit.errors import ConfigurationError, PublishError
 from consumer_kit.outbox_relay import Relay, RouteTarget, relay_pending
 from consumer_kit.outbox_relay.store import OutboxStore
 from tests.fixtures.harness import throwaway_schema

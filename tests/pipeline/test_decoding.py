@@ -56,7 +56,8 @@ async def test_an_exception_from_a_handler_hook_is_retried_then_dead_lettered(da
 
 
 def test_an_http_body_nested_too_deeply_is_an_invalid_body_not_a_500() -> None:
-    from consumer_kit.http.intent import InvalidBody, RequestIntent, RequestParts
+    from consumer_kit.errors import InvalidBody
+    from consumer_kit.http.intent import RequestIntent, RequestParts
 
     parts = RequestParts(b"[" * 700 + b"]" * 700, "application/json", {}, [])
     try:

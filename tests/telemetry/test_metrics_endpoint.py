@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 from consumer_kit.telemetry.metrics import prometheus_series
 from tests.fixtures.broker_env import Env, command
 from tests.fixtures.children import stop_gracefully

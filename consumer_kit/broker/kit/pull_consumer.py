@@ -29,9 +29,8 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from consumer_kit.broker import CallbackTasks, Consumer, Delivery, DeliveryCallback, Settlement, hand_over
+from consumer_kit.resilience.backoff import RECONNECT
 from consumer_kit.resilience.supervised import Supervised, all_running
-
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.1, 5.0  # seconds between pulls while the broker is away
 
 D = TypeVar("D", bound=Delivery)
 D_contra = TypeVar("D_contra", bound=Delivery, contravariant=True)
@@ -152,7 +151,7 @@ class PulledQueue(abc.ABC, Generic[M, D]):
                         "%s from queue=%s failed (%s); retrying", self.verb, self.queue, self._describe(exc)
                     )
                 self.failing = True
-                await asyncio.sleep(min(_BACKOFF_MAX, _BACKOFF_FIRST * 2 ** (failures - 1)))
+                await asyncio.sleep(RECONNECT.delay(failures))
                 continue
             if self.failing:
                 self.log.info("%s from queue=%s works again", self.verb, self.queue)

@@ -39,8 +39,9 @@ from consumer_kit.adapters.rabbitmq.errors import publish_error
 from consumer_kit.adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
 from consumer_kit.adapters.rabbitmq.publisher import properties_of
 from consumer_kit.broker import Delivery, Settlement, ack_all
-from consumer_kit.broker.publishing import OutgoingMessage, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage
 from consumer_kit.codec import headers as own
+from consumer_kit.errors import PublishError
 from tests.conftest import close_vhost_connections, vhost_of
 from tests.fixtures.tcp_proxy import TcpProxy
 

@@ -12,7 +12,8 @@ import aio_pika
 import pytest
 
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
-from consumer_kit.broker.publishing import OutgoingMessage, PublishError, PublishTimeout
+from consumer_kit.broker.publishing import OutgoingMessage
+from consumer_kit.errors import PublishError, PublishTimeout
 from tests.fixtures.tcp_proxy import TcpProxy
 from tests.outbox_relay.test_rabbitmq import via
 

@@ -17,7 +17,7 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import MessageSizeExceededError
 
 from consumer_kit.adapters.servicebus.envelope import DEAD_LETTER_DESCRIPTION_MAX_CHARS
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 from tests.adapters.servicebus.server.fixtures import (
     SDK_CALL_TIMEOUT,
     Received,

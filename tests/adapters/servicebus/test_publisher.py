@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from consumer_kit.broker.publishing import OutgoingMessage, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage
+from consumer_kit.errors import PublishError
 from tests.adapters.servicebus.server.fixtures import SBEnv, outgoing_event
 
 

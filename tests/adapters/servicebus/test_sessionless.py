@@ -15,7 +15,7 @@ import asyncio
 
 import pytest
 
-from consumer_kit.broker.publishing import PublishError
+from consumer_kit.errors import PublishError
 from tests.adapters.servicebus.server.fixtures import SBEnv, outgoing_event
 
 

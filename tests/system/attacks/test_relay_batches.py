@@ -21,7 +21,8 @@ import pytest
 from psycopg import sql
 
 from consumer_kit.adapters.rabbitmq import RabbitMQPublisher
-from consumer_kit.broker.publishing import OutgoingMessage, PublishError
+from consumer_kit.broker.publishing import OutgoingMessage
+from consumer_kit.errors import PublishError
 from consumer_kit.outbox_relay import Relay
 from tests.adapters.rabbitmq.test_adapter import queue_state, raw_channel
 from tests.fixtures.harness import throwaway_schema
