@@ -124,7 +124,7 @@ async def test_crash_before_recording_a_permanent_failure(database_url: str) -> 
 
 # -- real worker processes, SIGKILLed, on real RabbitMQ ---------------------------------------
 
-WORKER_SCRIPT = ROOT / "tests" / "chaos" / "worker_main.py"
+WORKER_SCRIPT = ROOT / "tests" / "system" / "chaos" / "worker_main.py"
 
 
 def _have_rabbitmq_adapter() -> str | None:

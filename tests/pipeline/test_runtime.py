@@ -90,7 +90,7 @@ class ChattyHandler(CreateInvoiceHandler):
     ("handler", "reason", "described"),
     [
         (MissingTableHandler(), "UndefinedTable", 'UndefinedTable [42P01] relation "no_such_table" does not exist'),
-        (ChattyHandler(), "ValueError", "ValueError at test_runtime_memory.py:"),
+        (ChattyHandler(), "ValueError", "ValueError at test_runtime.py:"),
     ],
 )
 async def test_handler_errors_are_logged_by_object_never_by_value(

@@ -235,7 +235,7 @@ class Chaos:
             cli = shutil.which("consumer-kit") or _sibling("consumer-kit")
             if cli:
                 return [cli, "worker", "tests.system.chaos.app:app", "--concurrency", "8"]
-            return [sys.executable, str(ROOT / "tests" / "chaos" / "worker_main.py")]
+            return [sys.executable, str(ROOT / "tests" / "system" / "chaos" / "worker_main.py")]
         cli = shutil.which("outbox-relay") or _sibling("outbox-relay")
         if not cli:
             raise SystemExit("outbox-relay is not installed (pip install -e .)")
@@ -479,7 +479,7 @@ class Chaos:
 
     def _close_connections(self) -> None:
         if self.args.close_all:
-            _rabbitmqctl("close_all_connections", "chaos")
+            _rabbitmqctl("-p", self.vhost, "close_all_connections", "chaos")  # this run's vhost only: the broker is shared
             self.summary.connection_closes += 1
             return
         out = _rabbitmqctl("list_connections", "pid", "vhost", "client_properties", "--no-table-headers")
