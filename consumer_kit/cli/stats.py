@@ -33,7 +33,8 @@ from consumer_kit.settings import OutboxSettings
 
 COLUMNS = (
     ("executed", "executed"), ("lease_recovered", "recovered"), ("failed", "failed"),
-    ("retries", "retries"), ("contentions", "contentions"), ("crashes", "crashes"),
+    ("retries", "retries"), ("contentions", "contentions"), ("contentions_in_place", "retried in place"),
+    ("crashes", "crashes"),
     ("crashed_worker", "parked (crash)"), ("processing", "processing"), ("expired_leases", "stuck"),
     ("needs_reconciliation", "reconcile"), ("resolved", "resolved"),
 )
@@ -42,6 +43,7 @@ COLUMNS = (
 DELIVERY_COLUMNS = (
     ("executed", "first"), ("duplicates", "dupes"), ("payload_conflicts", "clash"), ("in_progress", "busy"),
     ("lease_recovered", "recov"), ("uncertain", "uncert"), ("key_expired", "expired"),
+    ("contentions_in_place", "waits"),
 )
 """(OperationStats field, short column title) of the deliveries table: short so that it fits 80
 columns; :data:`DELIVERY_LEGEND` spells them out under it."""
@@ -49,7 +51,9 @@ columns; :data:`DELIVERY_LEGEND` spells them out under it."""
 DELIVERY_LEGEND = (
     "first: first executions, dupes: duplicates, clash: payload conflicts, busy: in-progress "
     "collisions, recov: recovered leases, uncert: uncertain outcomes (COMMIT without a reply), "
-    "expired: key-expiry refusals; dupes to expired from the workers' per-minute counts"
+    "expired: key-expiry refusals, waits: contentions retried in place (deadlocks, lock timeouts, "
+    "serialization failures; a batch counts each delivery); dupes to waits from the workers' "
+    "per-minute counts"
 )
 
 

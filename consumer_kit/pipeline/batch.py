@@ -11,12 +11,18 @@ the one connection, **one completion statement** for all of them with all their 
 Per-item outcomes without a savepoint per item (two round trips each on the common path): when an
 item's handler raises, the whole transaction rolls back and the batch runs again **without that
 item**; the item is handed back to the caller, which runs it on its own, on the per-delivery path,
-after the batch (where its fault is classified and counted, its permanent failure recorded, its
-contention retried: exactly as if it had come alone). So the others lose neither their effect nor an
-attempt: a rolled-back run of theirs is never counted. An item that is not the batch's to answer
-(an expired lease, a row that vanished, a second delivery of a key already in the batch, every
-item when the claim's lock wait ran out) is handed back the same way. An environment fault
-propagates: the caller gives the whole batch back uncounted.
+after the batch (where its fault is classified and counted, its permanent failure recorded:
+exactly as if it had come alone). So the others lose neither their effect nor an attempt: a
+rolled-back run of theirs is never counted, and an error that follows one item (its own statement
+over ``temp_file_limit``) is that item's alone. An item that is not the batch's to answer (an
+expired lease, a row that vanished, a second delivery of a key already in the batch, every item
+when the claim's lock wait ran out) is handed back the same way. Two faults are the batch's, not an
+item's. An environment fault propagates: the caller gives the whole batch back uncounted.
+Contention (a deadlock, serialization failure or lock timeout in an item's handler) hands every
+item back: a rerun of the rest at once, in a new transaction and in the same order, would meet the
+same locks (two batches that lock rows in opposite orders deadlock again and again, each time
+after ``deadlock_timeout``); one by one, each item holds only its own locks, and the per-delivery
+path retries its contention in place with jitter, then through the broker, counted.
 """
 
 from __future__ import annotations
@@ -75,11 +81,13 @@ class BatchItem:
 
 @dataclass
 class BatchOutcome:
-    """What the batch decided: a verdict per item it answered, and the items handed back to be
-    run on their own (in delivery order), after the batch's COMMIT."""
+    """What the batch decided: a verdict per item it answered, the items handed back to be run
+    on their own (in delivery order), after the batch's COMMIT, and the contention that rolled
+    the batch back, if one did (its items are then all handed back)."""
 
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # id(item) -> verdict
     alone: list[BatchItem] = field(default_factory=list)
+    contention: BaseException | None = None  # the batch rolled back for it: every item runs alone
 
 
 class _ItemFailed(Exception):
@@ -98,6 +106,10 @@ class _AtOnceFailed(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(describe_error(cause))
         self.cause = cause
+
+
+class _ClaimWaited(Exception):
+    """The batch's claim waited ``lock_timeout`` on a concurrent claimer of one of its keys."""
 
 
 class _BatchEnded(Exception):
@@ -144,15 +156,21 @@ class BatchPath:
         while pending:
             try:
                 answered = await self._on_a_connection(pending, at_once)
-            except _AtOnceFailed as failed:
-                if classify(failed.cause) is FaultKind.ENVIRONMENT:
+            except (_AtOnceFailed, _ItemFailed) as failed:
+                kind = classify(failed.cause)
+                if kind is FaultKind.ENVIRONMENT:
                     raise failed.cause from None
-                logger.info("handle_batch of %s items failed (%s): running them one by one", len(pending), failed)
-                at_once = False
-                continue
-            except _ItemFailed as failed:
-                if classify(failed.cause) is FaultKind.ENVIRONMENT:
-                    raise failed.cause from None
+                if kind is FaultKind.CONTENTION:
+                    # The batch's, not an item's: rerun without the item that met the lock, the
+                    # rest would meet it again. One by one, each item's transaction holds only its
+                    # own locks and meets contention with the per-delivery path's backoff.
+                    outcome.contention = failed.cause
+                    outcome.alone.extend(pending)
+                    break
+                if isinstance(failed, _AtOnceFailed):
+                    logger.info("handle_batch of %s items failed (%s): running them one by one", len(pending), failed)
+                    at_once = False
+                    continue
                 logger.info(
                     "batch item message_id=%s operation_key=%s failed (%s): running the rest of the batch "
                     "without it", failed.item.delivery.message_id, failed.item.decoded.identity.key, failed,
@@ -160,7 +178,7 @@ class BatchPath:
                 pending.remove(failed.item)
                 outcome.alone.append(failed.item)
                 continue
-            except pg_errors.LockNotAvailable:
+            except _ClaimWaited:
                 # A concurrent claimer held one of the keys past lock_timeout; which one cannot
                 # be told, so each item claims on its own (and waits, or answers in_progress).
                 outcome.alone.extend(pending)
@@ -214,11 +232,14 @@ class BatchPath:
     ) -> list[tuple[BatchItem, Verdict | None]]:
         with step("consumer_kit.claim", "batch", histogram="claim"):
             # BEGIN goes with the claim (one round trip); StaleConnection: take another one
-            xid, found = await begin_and_claim(conn, self.operations.claim_many(
-                conn,
-                [(i.decoded.identity, message_intent(i.decoded), i.envelope.message_id, i.decoded.handler.retention)
-                 for i in pending],
-            ))
+            try:
+                xid, found = await begin_and_claim(conn, self.operations.claim_many(
+                    conn,
+                    [(i.decoded.identity, message_intent(i.decoded), i.envelope.message_id, i.decoded.handler.retention)
+                     for i in pending],
+                ))
+            except pg_errors.LockNotAvailable as exc:  # the claim's own wait: not contention of the batch
+                raise _ClaimWaited from exc
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         answered: list[tuple[BatchItem, Verdict | None]] = []
         claimed: list[BatchItem] = []

@@ -107,6 +107,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("consumer_kit.contentions", "counter", "{delivery}",
                "Lock timeouts, deadlocks, serialization failures retried through the broker",
                _DELIVERY_ERROR),
+    MetricSpec("consumer_kit.contentions.in_place", "counter", "{delivery}",
+               "Lock timeouts, deadlocks, serialization failures retried in place (rolled back, run "
+               "again after a jittered wait; a batch counts each of its deliveries)",
+               (OPERATION_TYPE, QUEUE, ERROR_TYPE)),
     MetricSpec("consumer_kit.failures", "counter", "{operation}",
                "Permanent business failures recorded and acked (outcome failed)", _DELIVERY),
     MetricSpec("consumer_kit.dead_letters", "counter", "{message}",
@@ -178,6 +182,7 @@ def _histogram(name: str) -> metrics.Histogram:
 
 
 _deliveries = _counter("consumer_kit.deliveries")
+_contentions_in_place = _counter("consumer_kit.contentions.in_place")
 _dead_letters = _counter("consumer_kit.dead_letters")
 _pauses = _counter("consumer_kit.worker.pauses")
 _delivery_duration = _histogram("consumer_kit.delivery.duration")
@@ -243,6 +248,12 @@ def record_delivery(
         _dead_letters.add(1, _attributes(
             (OPERATION_TYPE, operation_type), (OUTCOME, outcome), (QUEUE, queue), (DEAD_LETTER_REASON, code)
         ))
+
+
+def record_contention_in_place(queue: str, operation_type: str, error_type: str) -> None:
+    """``consumer_kit.contentions.in_place``: one delivery rolled back for a contention
+    (``error_type``: the exception class) and run again in place."""
+    _contentions_in_place.add(1, _attributes((OPERATION_TYPE, operation_type), (QUEUE, queue), (ERROR_TYPE, error_type)))
 
 
 def record_handler(operation_type: str, seconds: float) -> None:
