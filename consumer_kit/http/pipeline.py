@@ -97,6 +97,7 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
@@ -136,11 +137,13 @@ class EndpointSpec:
 @dataclass(frozen=True)
 class _Answer:
     """What the transaction decided: the ``response``, whether to COMMIT, whether the endpoint
-    ran to a stored outcome (``executed``)."""
+    ran to a stored outcome (``executed``), whether the transaction wrote anything (not when an
+    existing row answered: its end then does not hold the response back)."""
 
     response: Response
     commit: bool
     executed: bool = False
+    wrote: bool = True
 
 
 class RequestPipeline:
@@ -171,6 +174,12 @@ class RequestPipeline:
         self.client = client
         self.worker_id = worker_id
         self.operations = Operations(settings, worker_id)
+        self.early = EarlyAnswers(pool, settings.statement_timeout)
+
+    async def close(self) -> None:
+        """Wait until the transactions of replays answered before their end have ended (before
+        the pool closes)."""
+        await self.early.wait()
 
     async def respond(
         self, request: Request, endpoint: EndpointSpec, call: Callable[[], Awaitable[Response]]
@@ -233,7 +242,9 @@ class RequestPipeline:
         between the COMMIT and the response."""
         timeout = self.settings.statement_timeout
         for _ in range(self.pool.max_size + 1):
-            async with self.pool.connection() as conn:
+            conn = await self.pool.getconn()
+            ends_later = False
+            try:
                 try:
                     await begin(conn, timeout)
                 except StaleConnection:
@@ -243,11 +254,17 @@ class RequestPipeline:
                 except BaseException:
                     await rollback(conn, timeout)
                     raise
-                if answer.commit:
+                if not answer.wrote:  # a replay: answered now, ended later (consumer_kit.pipeline.early_answers)
+                    ends_later = True
+                    self.early.end_later(conn)
+                elif answer.commit:
                     await commit(conn, timeout, reset=True)
                 else:
                     await rollback(conn, timeout)
                 break
+            finally:
+                if not ends_later:
+                    await self.pool.putconn(conn)
         else:
             raise StatementTimeout("no live pooled connection")
         if answer.executed:
@@ -270,7 +287,7 @@ class RequestPipeline:
         )
         if isinstance(claim, Verdict):  # step 5
             if claim.kind is not VerdictKind.LEASE_RECOVERABLE:
-                return _Answer(answer(claim, identity, self.policy), commit=False)
+                return _Answer(answer(claim, identity, self.policy), commit=False, wrote=False)
             # A claim the endpoint committed itself, whose process died before it could park it:
             # park it now, in this transaction, so that the gauges and `ledger list` (which read
             # watched rows only, ledger migration 5) see it.

@@ -46,6 +46,7 @@ from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
@@ -129,10 +130,13 @@ class BatchPath:
         operations: the state machine.
     """
 
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings, operations: Operations) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool, settings: Settings, operations: Operations, early: EarlyAnswers
+    ) -> None:
         self.pool = pool
         self.settings = settings
         self.operations = operations
+        self.early = early
 
     async def execute(self, items: Sequence[BatchItem]) -> BatchOutcome:
         """Run ``items`` (not redelivered, handlers without external effects) as one transaction,
@@ -195,26 +199,40 @@ class BatchPath:
 
     async def _on_a_connection(self, pending: list[BatchItem], at_once: bool) -> list[tuple[BatchItem, Verdict | None]]:
         for _ in range(self.pool.max_size + 1):
-            async with self.pool.connection() as conn:
-                try:
-                    return await self._transaction(conn, pending, at_once)
-                except StaleConnection:
-                    continue  # a connection that died in the pool: not this batch's fault
-                except _BatchEnded as ended:
-                    return await self._park(pending, ended.claimed, str(ended))
+            conn = await self.pool.getconn()
+            try:
+                answered, still_open = await self._transaction(conn, pending, at_once)
+            except StaleConnection:
+                await self.pool.putconn(conn)
+                continue  # a connection that died in the pool: not this batch's fault
+            except _BatchEnded as ended:
+                await self.pool.putconn(conn)
+                return await self._park(pending, ended.claimed, str(ended))
+            except BaseException:
+                await self.pool.putconn(conn)
+                raise
+            if still_open:
+                self.early.end_later(conn)  # nothing claimed: answered now (consumer_kit.pipeline.early_answers)
+            else:
+                await self.pool.putconn(conn)
+            return answered
         raise psycopg.OperationalError("no live pooled connection for the batch")
 
     async def _transaction(
         self, conn: psycopg.AsyncConnection[Any], pending: list[BatchItem], at_once: bool
-    ) -> list[tuple[BatchItem, Verdict | None]]:
+    ) -> tuple[list[tuple[BatchItem, Verdict | None]], bool]:
         """BEGIN, claim all, run the new ones, complete all, COMMIT; ROLLBACK on any exception.
-        ``None`` for an item: run it on its own after the batch."""
+        ``None`` for an item: run it on its own after the batch. With it, whether the transaction
+        is still open: it claimed nothing (every row already existed), so wrote nothing, and its
+        end does not hold the answers back."""
         timeout = self.settings.statement_timeout
         try:
-            answered = await self._claim_and_run(conn, pending, at_once)
+            answered, claimed = await self._claim_and_run(conn, pending, at_once)
         except BaseException:
             await rollback(conn, timeout)
             raise
+        if not claimed:
+            return answered, True
         ran = any(isinstance(v, Verdict) and v.kind is VerdictKind.EXECUTED for _, v in answered)
         try:
             with step("consumer_kit.commit", "batch"):
@@ -222,14 +240,15 @@ class BatchPath:
         except CommitUncertain as exc:
             # Never ack what may not be durable; the redeliveries read the truth from the ledger.
             uncertain = Verdict(VerdictKind.UNCERTAIN, why="commit_outcome_unknown", detail=describe_error(exc.__cause__ or exc))
-            return [(item, uncertain if v is not None and v.kind is VerdictKind.EXECUTED else v) for item, v in answered]
+            return [(item, uncertain if v is not None and v.kind is VerdictKind.EXECUTED else v) for item, v in answered], False
         if ran:
             crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_ACK)
-        return answered
+        return answered, False
 
     async def _claim_and_run(
         self, conn: psycopg.AsyncConnection[Any], pending: list[BatchItem], at_once: bool
-    ) -> list[tuple[BatchItem, Verdict | None]]:
+    ) -> tuple[list[tuple[BatchItem, Verdict | None]], bool]:
+        """The answers, and whether the claim inserted any row (claimed an operation)."""
         with step("consumer_kit.claim", "batch", histogram="claim"):
             # BEGIN goes with the claim (one round trip); StaleConnection: take another one
             try:
@@ -264,7 +283,7 @@ class BatchPath:
                 raise _BatchEnded(str(exc), claimed) from None
             done = dict(zip((id(i) for i in claimed), executed, strict=True))
             answered.extend((item, done[id(item)]) for item in claimed)
-        return answered
+        return answered, xid is not None
 
     async def _run_handlers(
         self, conn: psycopg.AsyncConnection[Any], claimed: list[BatchItem], at_once: bool

@@ -51,6 +51,7 @@ from consumer_kit.pipeline.batch import BatchItem, BatchOutcome, BatchPath
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.decoding import decode
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.fault_costs import FaultCosts
 from consumer_kit.pipeline.fault_policy import Action, fault_decision
 from consumer_kit.pipeline.faults import FaultKind, classify
@@ -143,9 +144,10 @@ class Runtime:
         self.isolation = Isolation(
             pool, settings, self.attempts, self.admission, run=self._run, released=self.faults.released_for_environment,
         )
-        self.transactional = TransactionalPath(pool, settings, self.operations)
+        self.early_answers = EarlyAnswers(pool, settings.statement_timeout)
+        self.transactional = TransactionalPath(pool, settings, self.operations, self.early_answers)
         self.leased = LeasedPath(pool, settings, self.operations)
-        self.batch = BatchPath(pool, settings, self.operations)
+        self.batch = BatchPath(pool, settings, self.operations, self.early_answers)
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
@@ -253,6 +255,12 @@ class Runtime:
                 observe(report)
             reports.append(report)
         return reports
+
+    async def close(self) -> None:
+        """Wait until the transactions of deliveries answered before their end have ended and
+        their connections are back (:mod:`consumer_kit.pipeline.early_answers`): before the pool
+        closes."""
+        await self.early_answers.wait()
 
     async def flush_markers(self) -> None:
         """Clear the run-alone markers an unavailable database kept this process from clearing

@@ -180,6 +180,8 @@ class Worker:
                 await self.health.close()
                 await self._write_outcome_counts()  # the last interval's, before the pool closes
         finally:
+            if self.runtime is not None:
+                await self.runtime.close()
             await pool.close()
         totals = self.runtime.counters.snapshot() if self.runtime else {}
         logger.info(
