@@ -210,18 +210,17 @@ _counters = {name: _counter(name) for name in sorted(set(OUTCOME_COUNTERS.values
 _BY_OUTCOME = {outcome: _counters[name] for outcome, name in OUTCOME_COUNTERS.items()}
 _WITH_ERROR_TYPE = {"retried", "contended"}
 
-_attribute_cache: dict[tuple[str, ...], dict[str, Any]] = {}
+_attribute_cache: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
 _CACHE_LIMIT = 4096  # distinct (queue, type, outcome, ...) combinations kept
 
 
 def _attributes(*pairs: tuple[str, str]) -> dict[str, Any]:
     """The attribute dict for ``pairs``, built once per combination (the SDK never mutates it)."""
-    key = tuple(v for _, v in pairs) + tuple(k for k, _ in pairs)
-    found = _attribute_cache.get(key)
+    found = _attribute_cache.get(pairs)
     if found is None:
         found = dict(pairs)
         if len(_attribute_cache) < _CACHE_LIMIT:
-            _attribute_cache[key] = found
+            _attribute_cache[pairs] = found
     return found
 
 

@@ -135,7 +135,7 @@ def inject_into(headers: MutableMapping[str, str]) -> None:
     """Store the current trace context in ``headers`` (``traceparent``, ``tracestate`` and any
     other field of the configured propagator), unless the caller set ``traceparent`` itself.
     Nothing is added without an active span context (no SDK and no incoming trace)."""
-    if "traceparent" not in headers:
+    if "traceparent" not in headers and otel_context.get_current():  # an empty context injects nothing
         propagate.inject(headers)
 
 
@@ -195,10 +195,33 @@ class DeliveryTrace:
             span.set_status(Status(StatusCode.ERROR, f"{outcome}: {decision.reason or ''}"))
 
 
+def _carried(headers: Mapping[str, Any]) -> trace.Span:
+    """Without an SDK: the producer's span context from ``headers`` as a non-recording span (what
+    the API's no-op tracer would start), or ``INVALID_SPAN`` when the producer sent none."""
+    parent = extract(headers)
+    return trace.INVALID_SPAN if parent is None else trace.get_current_span(parent)
+
+
 @contextlib.contextmanager
 def delivery_span(delivery: TracedDelivery, system: str) -> Iterator[DeliveryTrace]:
     """The ``process {queue}`` CONSUMER span of one delivery, continuing the producer's context
-    from its headers; current (with its :class:`DeliveryTrace`) until the block ends."""
+    from its headers; current (with its :class:`DeliveryTrace`) until the block ends.
+
+    Without an SDK tracer provider nothing would record the span, so none is started: the
+    producer's span context (if it sent one) is made current as it is, so ``ctx.publish`` still
+    stores it with the events (the relay's span continues it), and the steps start no child."""
+    if not tracing_enabled():
+        notes = DeliveryTrace(trace.INVALID_SPAN)
+        carried = _carried(delivery.headers)
+        token = _current.set(notes)
+        attached = None if carried is trace.INVALID_SPAN else otel_context.attach(trace.set_span_in_context(carried))
+        try:
+            yield notes
+        finally:
+            if attached is not None:
+                otel_context.detach(attached)
+            _current.reset(token)
+        return
     with tracer.start_as_current_span(
         f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER,
         record_exception=False, set_status_on_exception=False,
@@ -216,7 +239,11 @@ def delivery_span(delivery: TracedDelivery, system: str) -> Iterator[DeliveryTra
 @contextlib.contextmanager
 def batch_span(queue: str, system: str, size: int) -> Iterator[trace.Span]:
     """The ``process batch {queue}`` CONSUMER span of a batch of ``size`` deliveries, current
-    until the block ends (the batch's claim and commit are its children)."""
+    until the block ends (the batch's claim and commit are its children). Without an SDK tracer
+    provider: none (``INVALID_SPAN``), as for :func:`delivery_span`."""
+    if not tracing_enabled():
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(
         f"process batch {queue}", kind=SpanKind.CONSUMER, record_exception=False, set_status_on_exception=False,
     ) as span:
@@ -235,7 +262,10 @@ def member_span(delivery: TracedDelivery, system: str, batch: trace.Span) -> Del
     """The ``process {queue}`` span of one delivery of a batch: the same span as
     :func:`delivery_span` (continuing the producer's context), linked to the ``batch`` span and
     not current (:func:`as_current` makes it so around the delivery's own steps). The caller ends
-    it (``trace.span.end()``)."""
+    it (``trace.span.end()``). Without an SDK tracer provider: the producer's span context, not
+    recording (as for :func:`delivery_span`)."""
+    if not tracing_enabled():
+        return DeliveryTrace(_carried(delivery.headers))
     links = [trace.Link(batch.get_span_context())] if batch.get_span_context().is_valid else None
     span = tracer.start_span(
         f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER, links=links,
@@ -267,8 +297,11 @@ def as_current(notes: DeliveryTrace | None) -> Iterator[None]:
         return
     token = _current.set(notes)
     try:
-        with trace.use_span(notes.span, end_on_exit=False):
+        if notes.span is trace.INVALID_SPAN:  # nothing to make current (no SDK, no producer context)
             yield
+        else:
+            with trace.use_span(notes.span, end_on_exit=False):
+                yield
     finally:
         _current.reset(token)
 
@@ -292,32 +325,40 @@ def note_evidence(name: str, facts: Mapping[str, Any]) -> None:
         notes.evidence.append((name, evidence_ids(facts)))
 
 
-@contextlib.contextmanager
-def step(name: str, operation_type: str, *, histogram: str | None = None) -> Iterator[trace.Span]:
+class step:
     """A child span ``name`` of the current delivery; with ``histogram`` (``"claim"`` or
     ``"handler"``) its duration is recorded as ``consumer_kit.claim.wait`` or
     ``consumer_kit.handler.duration``. An exception leaves the span with status ERROR and a
-    one-line description (never the exception's text), and propagates."""
-    started = time.perf_counter()
-    if not trace.get_current_span().is_recording():
-        # Nothing records the delivery's span (no SDK, or not sampled): no child span either.
+    one-line description (never the exception's text), and propagates. A class rather than a
+    generator: it runs several times per delivery."""
+
+    __slots__ = ("_histogram", "_name", "_opened", "_operation_type", "_started")
+
+    def __init__(self, name: str, operation_type: str, *, histogram: str | None = None) -> None:
+        self._name, self._operation_type, self._histogram = name, operation_type, histogram
+        self._opened: Any = None
+        self._started = 0.0
+
+    def __enter__(self) -> trace.Span:
+        self._started = time.perf_counter()
+        notes = _current.get()
+        current = notes.span if notes is not None else trace.get_current_span()
+        if not current.is_recording():
+            return trace.INVALID_SPAN  # nothing records the delivery's span (no SDK, not sampled): no child
+        self._opened = tracer.start_as_current_span(self._name, record_exception=False, set_status_on_exception=False)
+        return self._opened.__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
-            yield trace.INVALID_SPAN
+            if self._opened is not None:
+                if exc is not None:
+                    span = trace.get_current_span()
+                    if span.is_recording():
+                        span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
+                        span.set_attribute("error.type", type(exc).__name__)
+                self._opened.__exit__(exc_type, exc, tb)
         finally:
-            _record_step(histogram, operation_type, started)
-        return
-    with tracer.start_as_current_span(
-        name, record_exception=False, set_status_on_exception=False
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            if span.is_recording():
-                span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
-                span.set_attribute("error.type", type(exc).__name__)
-            raise
-        finally:
-            _record_step(histogram, operation_type, started)
+            _record_step(self._histogram, self._operation_type, self._started)
 
 
 def _record_step(histogram: str | None, operation_type: str, started: float) -> None:
