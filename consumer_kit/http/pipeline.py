@@ -240,37 +240,46 @@ class RequestPipeline:
     ) -> Response:
         """BEGIN, claim and run, COMMIT with the session reset (or ROLLBACK); the crash point
         between the COMMIT and the response."""
-        timeout = self.settings.statement_timeout
         for _ in range(self.pool.max_size + 1):
-            conn = await self.pool.getconn()
-            ends_later = False
             try:
-                try:
-                    await begin(conn, timeout)
-                except StaleConnection:
-                    continue  # a connection that died in the pool: not this request's fault
-                try:
-                    answer = await self._claim_and_run(conn, identity, client, endpoint, parts, call)
-                except BaseException:
-                    await rollback(conn, timeout)
-                    raise
-                if not answer.wrote:  # a replay: answered now, ended later (consumer_kit.pipeline.early_answers)
-                    ends_later = True
-                    self.early.end_later(conn)
-                elif answer.commit:
-                    await commit(conn, timeout, reset=True)
-                else:
-                    await rollback(conn, timeout)
-                break
-            finally:
-                if not ends_later:
-                    await self.pool.putconn(conn)
+                answer = await self.early.on_connection(
+                    lambda conn: self._ended(conn, identity, client, endpoint, parts, call)
+                )
+            except StaleConnection:
+                continue  # a connection that died in the pool: not this request's fault
+            break
         else:
             raise StatementTimeout("no live pooled connection")
         if answer.executed:
             crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_RESPONSE)
             logger.debug("committed scope=%s key_digest=%s", identity.scope, key_digest(identity.key))
         return answer.response
+
+    async def _ended(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        identity: OperationIdentity,
+        client: str,
+        endpoint: EndpointSpec,
+        parts: RequestParts,
+        call: Callable[[], Awaitable[Response]],
+    ) -> tuple[_Answer, bool]:
+        """BEGIN, claim and run, then COMMIT or ROLLBACK; the answer, and whether the transaction
+        is still open (a replay wrote nothing: it ends later, the response goes at once)."""
+        timeout = self.settings.statement_timeout
+        await begin(conn, timeout)
+        try:
+            answer = await self._claim_and_run(conn, identity, client, endpoint, parts, call)
+        except BaseException:
+            await rollback(conn, timeout)
+            raise
+        if not answer.wrote:
+            return answer, True
+        if answer.commit:
+            await commit(conn, timeout, reset=True)
+        else:
+            await rollback(conn, timeout)
+        return answer, False
 
     async def _claim_and_run(
         self,

@@ -199,23 +199,13 @@ class BatchPath:
 
     async def _on_a_connection(self, pending: list[BatchItem], at_once: bool) -> list[tuple[BatchItem, Verdict | None]]:
         for _ in range(self.pool.max_size + 1):
-            conn = await self.pool.getconn()
             try:
-                answered, still_open = await self._transaction(conn, pending, at_once)
+                # a batch that claimed nothing is answered before its transaction ends
+                return await self.early.on_connection(lambda conn: self._transaction(conn, pending, at_once))
             except StaleConnection:
-                await self.pool.putconn(conn)
                 continue  # a connection that died in the pool: not this batch's fault
             except _BatchEnded as ended:
-                await self.pool.putconn(conn)
                 return await self._park(pending, ended.claimed, str(ended))
-            except BaseException:
-                await self.pool.putconn(conn)
-                raise
-            if still_open:
-                self.early.end_later(conn)  # nothing claimed: answered now (consumer_kit.pipeline.early_answers)
-            else:
-                await self.pool.putconn(conn)
-            return answered
         raise psycopg.OperationalError("no live pooled connection for the batch")
 
     async def _transaction(

@@ -16,7 +16,8 @@ leaves the answer as it was.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -25,6 +26,8 @@ from consumer_kit.db.pool import discard
 from consumer_kit.pipeline.transaction import commit, rollback
 
 __all__ = ["EarlyAnswers"]
+
+T = TypeVar("T")
 
 _ABORTED = psycopg.pq.TransactionStatus.INERROR
 _IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -42,6 +45,28 @@ class EarlyAnswers:
         self.pool = pool
         self.timeout = timeout
         self._ending: set[asyncio.Task[None]] = set()
+
+    async def on_connection(
+        self, run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[tuple[T, bool]]]
+    ) -> T:
+        """``run`` on a connection of the pool: it returns its answer and whether its
+        transaction is still open (it wrote nothing: then the transaction ends later, see
+        :meth:`end_later`, and the answer returns at once); else the connection goes back now.
+
+        Raises:
+            BaseException: what ``run`` raised (the connection goes back first).
+        """
+        conn = await self.pool.getconn()
+        try:
+            answer, still_open = await run(conn)
+        except BaseException:
+            await self.pool.putconn(conn)
+            raise
+        if still_open:
+            self.end_later(conn)
+        else:
+            await self.pool.putconn(conn)
+        return answer
 
     def end_later(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End ``conn``'s transaction (it wrote nothing) and return ``conn`` to the pool, in a task

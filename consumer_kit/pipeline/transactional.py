@@ -95,19 +95,10 @@ class TransactionalPath:
         identity = decoded.identity
         try:
             for _ in range(self.pool.max_size + 1):
-                conn = await self.pool.getconn()
                 try:
-                    verdict, still_open = await self._transaction(conn, decoded, envelope)
+                    verdict = await self.early.on_connection(lambda conn: self._transaction(conn, decoded, envelope))
                 except StaleConnection:
-                    await self.pool.putconn(conn)
                     continue  # a connection that died in the pool: not this delivery's fault
-                except BaseException:
-                    await self.pool.putconn(conn)
-                    raise
-                if still_open:
-                    self.early.end_later(conn)  # answered now; the connection returns once it ends
-                else:
-                    await self.pool.putconn(conn)
                 break
             else:
                 raise StatementTimeout("no live pooled connection")

@@ -16,14 +16,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import uuid
 from collections.abc import AsyncIterator
 
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from consumer_kit import App, Context, Outcome, Result, Settings
 from consumer_kit.adapters.memory import MemoryBroker, MemoryConsumer
@@ -35,7 +32,7 @@ from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.fault_costs import CONTENDED_IN_PLACE
 from consumer_kit.telemetry.minute_counts import MinuteCounts
 from tests.fixtures.batches import QUEUE
-from tests.fixtures.harness import fetch_all, runtime_for, throwaway_schema
+from tests.fixtures.harness import database_of_its_own, fetch_all, runtime_for, throwaway_schema
 from tests.fixtures.telemetry_kit import Telemetry
 
 pytestmark = pytest.mark.postgres
@@ -67,15 +64,8 @@ def order(order_id: int, customer: str) -> bytes:
 async def own_database(database_url: str) -> AsyncIterator[str]:
     """A database of this test's own, with a short ``deadlock_timeout`` (its deadlock count is
     this test's alone); dropped afterwards."""
-    name = "ck_db_" + uuid.uuid4().hex[:10]
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        await conn.execute(sql.SQL("ALTER DATABASE {} SET deadlock_timeout = '200ms'").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(database_url, dbname=name)
-    finally:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            await conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    async with database_of_its_own(database_url, deadlock_timeout="200ms") as url:
+        yield url
 
 
 async def deadlocks(url: str) -> int:
