@@ -16,7 +16,7 @@ from psycopg import AsyncConnection, sql
 
 from consumer_kit.model.events import OutboxEvent, PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.telemetry.tracing import inject_into
+from consumer_kit.telemetry.trace_context import inject_into
 
 NOTIFY_CHANNEL_SUFFIX = "_outbox"
 

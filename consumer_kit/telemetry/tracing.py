@@ -9,7 +9,7 @@ One trace from the command to the event's consumer:
 1. the delivery's span continues the producer's context, read from the message headers (W3C
    ``traceparent``/``tracestate``, case-insensitive, ``bytes`` values decoded);
 2. ``ctx.publish`` and ``OutboxWriter.add`` store the current context in the event's stored
-   headers (:func:`inject_into`, called by :func:`consumer_kit.outbox.pending_event`): no column of
+   headers (:func:`~consumer_kit.telemetry.trace_context.inject_into`, called by :func:`consumer_kit.outbox.pending_event`): no column of
    its own, so rows written before keep working and the relay needs no migration;
 3. the relay's ``publish {destination}`` PRODUCER span continues the stored context
    (:func:`producer_span`) and injects its own into the published message's headers, which the
@@ -46,18 +46,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.propagators.textmap import Getter
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error
 from consumer_kit.telemetry.loggable import evidence_ids
+from consumer_kit.telemetry.trace_context import extract
 
 if TYPE_CHECKING:
     from consumer_kit.codec.envelope import Envelope
@@ -84,9 +84,6 @@ MESSAGING_SYSTEMS = {
 }
 """Broker URL scheme -> ``messaging.system`` (the conventions' names; ``memory`` is ours)."""
 
-TRACE_HEADERS = ("traceparent", "tracestate")
-"""The W3C trace-context headers stored with an outbox row and sent with its event."""
-
 # Outcomes whose span gets status ERROR: someone should look at them.
 _ERROR_OUTCOMES = frozenset({
     "payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed_worker", "lease_lost",
@@ -99,44 +96,6 @@ def messaging_system(broker_url: str) -> str:
     for a scheme this table does not know."""
     scheme = urlparse(broker_url).scheme
     return MESSAGING_SYSTEMS.get(scheme, scheme or "unknown")
-
-
-class _HeaderGetter(Getter[Mapping[str, Any]]):
-    """Reads trace headers from broker headers: names case-insensitive, ``bytes`` decoded."""
-
-    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
-        value = carrier.get(key)
-        if value is None:
-            lowered = key.lower()
-            value = next((v for k, v in carrier.items() if isinstance(k, str) and k.lower() == lowered), None)
-        if value is None:
-            return None
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        return [str(value)]
-
-    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
-        return [str(k) for k in carrier]
-
-
-_GETTER = _HeaderGetter()
-
-
-def extract(headers: Mapping[str, Any]) -> otel_context.Context | None:
-    """The producer's context from a delivery's headers, or ``None`` when it sent none."""
-    if not any(name in headers for name in TRACE_HEADERS) and not any(
-        isinstance(k, str) and k.lower() in TRACE_HEADERS for k in headers
-    ):
-        return None
-    return propagate.extract(headers, getter=_GETTER)
-
-
-def inject_into(headers: MutableMapping[str, str]) -> None:
-    """Store the current trace context in ``headers`` (``traceparent``, ``tracestate`` and any
-    other field of the configured propagator), unless the caller set ``traceparent`` itself.
-    Nothing is added without an active span context (no SDK and no incoming trace)."""
-    if "traceparent" not in headers and otel_context.get_current():  # an empty context injects nothing
-        propagate.inject(headers)
 
 
 _current: contextvars.ContextVar[DeliveryTrace | None] = contextvars.ContextVar(
