@@ -43,7 +43,6 @@ COLUMNS = (
 DELIVERY_COLUMNS = (
     ("executed", "first"), ("duplicates", "dupes"), ("payload_conflicts", "clash"), ("in_progress", "busy"),
     ("lease_recovered", "recov"), ("uncertain", "uncert"), ("key_expired", "expired"),
-    ("contentions_in_place", "waits"),
 )
 """(OperationStats field, short column title) of the deliveries table: short so that it fits 80
 columns; :data:`DELIVERY_LEGEND` spells them out under it."""
@@ -51,9 +50,7 @@ columns; :data:`DELIVERY_LEGEND` spells them out under it."""
 DELIVERY_LEGEND = (
     "first: first executions, dupes: duplicates, clash: payload conflicts, busy: in-progress "
     "collisions, recov: recovered leases, uncert: uncertain outcomes (COMMIT without a reply), "
-    "expired: key-expiry refusals, waits: contentions retried in place (deadlocks, lock timeouts, "
-    "serialization failures; a batch counts each delivery); dupes to waits from the workers' "
-    "per-minute counts"
+    "expired: key-expiry refusals; dupes to expired from the workers' per-minute counts"
 )
 
 
