@@ -173,7 +173,7 @@ def _message(handler: Handler[Any], message_type: str, *, shared: bool, schemas:
     """The message a producer sends to reach ``handler``: payload from its model, its headers."""
     cls = type(handler)
     payload = _payload(cls.model, schemas)
-    fingerprint = fingerprint_rules(handler, payload)
+    fingerprint = _fingerprint_rules(handler, payload)
     message: dict[str, Any] = {
         "name": message_type,
         "title": cls.model.__name__,
@@ -195,7 +195,7 @@ def _payload(model: Any, schemas: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def fingerprint_rules(handler: Handler[Any], payload: dict[str, Any]) -> dict[str, Any]:
+def _fingerprint_rules(handler: Handler[Any], payload: dict[str, Any]) -> dict[str, Any]:
     """What a producer may change on a resend of one operation and what it must keep: the
     handler's ``fingerprint_exclude`` as dotted field paths (``volatile``), the top-level fields
     the fingerprint covers (``stable``), its ``projectionVersion`` and the ``rule`` in words. The
