@@ -28,6 +28,7 @@ from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, build_deli
 from consumer_kit.broker.publishing import OutgoingMessage, Publisher, headers_to_send
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.errors import DeadLetterReason, LockLost
+from consumer_kit.resilience.one_shots import OneShots
 from consumer_kit.resilience.supervised import Supervised, all_running
 from consumer_kit.settings import BrokerSettings, Settings
 
@@ -89,6 +90,7 @@ class MemoryBroker:
         self.published: list[PublishedRecord] = []
         self._outstanding = 0  # ready + locked + delayed messages
         self._idle = asyncio.Condition()
+        self._notifying = OneShots()
 
     # -- producer side ----------------------------------------------------------------------
 
@@ -148,7 +150,7 @@ class MemoryBroker:
 
     def _finished(self) -> None:
         self._outstanding -= 1
-        asyncio.get_running_loop().create_task(self._notify_idle())
+        self._notifying.start(self._notify_idle())
 
     async def _notify_idle(self) -> None:
         async with self._idle:

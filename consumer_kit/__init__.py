@@ -3,6 +3,8 @@
 The public API is re-exported here; see docs/tutorial.md for a walkthrough.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from consumer_kit._checkout import map_folders
 from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, Settlement
@@ -29,6 +31,10 @@ from consumer_kit.model.results import Result, StoredResult
 from consumer_kit.outbox import OutboxWriter
 from consumer_kit.settings import Settings
 from consumer_kit.versions import apply_if_newer, update_expecting
+
+__version__ = _distribution_version("consumer-kit")
+"""The installed version: pyproject.toml's ``[project] version``, the one place it is written
+(docs/development.md, "Releasing")."""
 
 map_folders()  # from a source checkout: adapters/, outbox_relay/, examples/invoices/ by their installed names
 

@@ -9,9 +9,29 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection
+from pydantic import BaseModel
 
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.handler import Handler
+
+
+@dataclass(frozen=True)
+class EventType:
+    """An event the app's handlers publish, as :meth:`App.event` declares it: the typed part of
+    the producer contract (``consumer-kit asyncapi``, docs/how-to/producer-contract.md).
+
+    Attributes:
+        model: the pydantic model the handlers pass to ``ctx.publish(...)``.
+        destination: the outbox destination (RabbitMQ: the topic exchange of that name).
+        routing_key: the routing key the handlers give it (``""``: none).
+        message_type: header ``message-type`` of the published message (the model's class name
+            unless ``ctx.publish(..., message_type=...)`` says otherwise).
+    """
+
+    model: type[BaseModel]
+    destination: str
+    routing_key: str
+    message_type: str
 
 
 @dataclass
@@ -25,16 +45,22 @@ class App:
     destination=...)``); ``consumer-kit declare`` creates them (RabbitMQ: durable topic
     exchanges) next to the queues, so consumers can bind before the first event.
 
+    ``event_types`` declares what is published there (:meth:`event`): each event's model, routing
+    key and message type, which the AsyncAPI document gives consumers of the events as typed
+    payloads.
+
     Example::
 
         app = App("invoices", events=["billing.events"])
         app.subscribe("invoices.commands", CreateInvoiceHandler())
+        app.event(InvoiceCreated, destination="billing.events", routing_key="invoice.created")
     """
 
     name: str = "app"
     routes: dict[str, dict[str, Handler[Any]]] = field(default_factory=dict)
     startup: list[Callable[[AsyncConnection[Any]], Awaitable[None]]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    event_types: list[EventType] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         events, self.events = self.events, []
@@ -73,6 +99,31 @@ class App:
                 raise ConfigurationError("event destination name must not be empty")
             if destination not in self.events:
                 self.events.append(destination)
+
+    def event(
+        self, model: type[BaseModel], *, destination: str, routing_key: str = "", message_type: str | None = None,
+    ) -> EventType:
+        """Declare that handlers publish ``model`` to ``destination`` with ``routing_key`` (as
+        their ``ctx.publish(...)`` calls do); ``destination`` joins :attr:`events`. Returns the
+        declaration.
+
+        Raises:
+            ConfigurationError: ``model`` is not a pydantic model, an empty destination, or the
+                destination already has an event of that message type with another model or key.
+        """
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise ConfigurationError(f"an event model must be a pydantic BaseModel subclass, not {model!r}")
+        declared = EventType(model, destination, routing_key, message_type or model.__name__)
+        for known in self.event_types:
+            if (known.destination, known.message_type) == (destination, declared.message_type):
+                if known != declared:
+                    raise ConfigurationError(
+                        f"destination {destination!r} already has event {declared.message_type!r} "
+                        f"({known.model.__name__}, routing key {known.routing_key!r})")
+                return known
+        self.publishes(destination)
+        self.event_types.append(declared)
+        return declared
 
     @property
     def queues(self) -> list[str]:

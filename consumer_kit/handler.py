@@ -209,7 +209,7 @@ def check_batch(cls: type[Handler[Any]]) -> None:
 class Handler(Generic[M]):
     """Base class of message handlers, generic in the pydantic message model.
 
-    Class attributes:
+    Attributes:
         operation_type: what the operation does, e.g. ``"invoice.create"`` (required).
         fingerprint_exclude: fields left out of the fingerprint (volatile: timestamps, trace ids),
             in pydantic's ``exclude`` syntax (a set of names or a nested mapping).

@@ -42,6 +42,7 @@ from consumer_kit.cli.console import (
     setup_logging,
     to_json,
     user_errors,
+    version_callback,
 )
 from consumer_kit.db.embedded import database_url
 from consumer_kit.settings import EMBEDDED
@@ -108,6 +109,9 @@ def run(
     destinations: Annotated[
         Path | None, typer.Option(help="Destination map file (TOML or JSON with a destinations table)")
     ] = None,
+    show_version: Annotated[bool, typer.Option(
+        "--version", callback=version_callback("outbox-relay"), is_eager=True, help="Print the version and exit",
+    )] = False,
     health_file: Annotated[Path | None, typer.Option(help="Touched on every loop")] = None,
     health_port: Annotated[int | None, typer.Option(help="HTTP health on --health-host (0: any free port)")] = None,
     health_host: HealthHost = None,

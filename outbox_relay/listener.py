@@ -18,6 +18,7 @@ from psycopg import AsyncConnection, sql
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from consumer_kit.resilience.backoff import Backoff
+from consumer_kit.resilience.supervised import Supervised
 
 from .reconnect import close_quietly, log_retry
 
@@ -50,13 +51,13 @@ class NotifyListener:
         self._channel = channel
         self._wake = wake
         self._max_backoff = max_backoff
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self._connected = asyncio.Event()
         self.notifications = 0
         self.reconnects = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._listen_forever(), name="outbox-relay-listen")
+        self._task = Supervised("outbox-relay-listen", self._listen_forever).start()
 
     async def wait_connected(self, timeout: float) -> bool:
         """``True`` once LISTEN is in place (within ``timeout`` seconds)."""
@@ -68,8 +69,7 @@ class NotifyListener:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await self._task.stop()
             self._task = None
 
     async def _listen_forever(self) -> None:

@@ -1,7 +1,7 @@
 """The consuming side: one pull loop per queue, the heartbeat, pause and resume.
 
 * **Pulling**: :mod:`consumer_kit.adapters.nats.subscription` (``fetch`` up to 64, ``fetch_wait``).
-* Every delivery runs in a task of its own (:class:`~consumer_kit.broker.CallbackTasks`), at most
+* Every delivery runs in a task of its own (:class:`~consumer_kit.resilience.one_shots.OneShots`), at most
   ``prefetch`` held; with ``ordered=true`` JetStream itself hands out one message at a time.
 * **Peek-lock**: :mod:`consumer_kit.adapters.nats.renewal` sends ``in_progress()`` for every held
   delivery until it is settled or left to lapse.

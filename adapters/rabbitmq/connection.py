@@ -17,13 +17,14 @@ from tenacity import (
 
 from consumer_kit.codec.redaction import redact_url
 from consumer_kit.resilience.backoff import RECONNECT
+from consumer_kit.resilience.one_shots import OneShots
 
 from . import wire
 from .errors import REFUSED, VhostUnavailable, describe, is_vhost_refusal
 
 logger = logging.getLogger(__name__)
 
-_closing: set[asyncio.Task[None]] = set()  # channel closes still waiting for the broker's reply
+_closing = OneShots()  # channel closes still waiting for the broker's reply
 
 # Pause between recovery attempts: 0.1 s, 0.2 s, 0.4 s, ... at most 5 s.
 BACKOFF = RECONNECT.wait()
@@ -118,9 +119,7 @@ async def close_channel_soon(channel: AbstractChannel, wait: float) -> None:
     """
     if channel.is_closed:
         return
-    task = asyncio.create_task(_close(channel), name="consumer-kit rabbitmq channel close")
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+    task = _closing.start(_close(channel), name="consumer-kit rabbitmq channel close")
     await asyncio.wait({task}, timeout=wait)
 
 

@@ -25,8 +25,9 @@ from typing import Any
 from aio_pika.abc import AbstractConnection
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
+from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 from consumer_kit.codec.redaction import redact_url
+from consumer_kit.resilience.one_shots import OneShots
 from consumer_kit.resilience.supervised import Supervised, all_running
 
 from .connection import (
@@ -116,7 +117,7 @@ class RabbitMQConsumer(Consumer):
         self._lost = asyncio.Event()
         self._lock = asyncio.Lock()  # one (re)start of connection or subscription at a time
         self._supervisor = Supervised("consumer-kit rabbitmq supervisor", self._supervise)
-        self._handlers = CallbackTasks()
+        self._handlers = OneShots()
         self._reconnecting = False
         self._paused = False
         self._consuming = True
@@ -253,6 +254,7 @@ class RabbitMQConsumer(Consumer):
         if subscription.recovery is not None and not subscription.recovery.done():
             return
         logger.warning("queue=%s: %s; re-creating this subscription", subscription.queue, what)
+        # one-shot: one recovery per subscription at a time, cancelled by close()
         subscription.recovery = asyncio.create_task(
             self._recover(subscription, self._generation),
             name=f"consumer-kit rabbitmq recover {subscription.queue}",

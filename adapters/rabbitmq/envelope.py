@@ -30,6 +30,10 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import aio_pika
+from pamqp.commands import Basic
+
+from consumer_kit.broker.publishing import OutgoingMessage, headers_to_send
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import (
     CORRELATION_ID_HEADER,
@@ -121,3 +125,20 @@ def sender_of(user_id: str | None, headers: Mapping[str, Any], own_user: str | N
             fits = isinstance(carried, str) and 0 < len(carried.encode("utf-8", "replace")) <= 255
             return carried if fits else None  # an AMQP shortstr, as the user_id it came from
     return user_id or None
+
+
+def properties_of(message: OutgoingMessage, *, user_id: str | None = None) -> Basic.Properties:
+    """The AMQP properties the publisher sends ``message`` with (persistent; ``message_id``,
+    ``type`` and header ``message-type``; ``content_type``; ``user_id``: the publisher's own user,
+    which RabbitMQ validates, ``None`` for none; headers: :func:`~consumer_kit.broker.publishing.headers_to_send`)."""
+    # Built directly, as aio_pika.Message(...).properties would build them (priority 0 included),
+    # without a Message per publish (7 % of the relay's CPU in a drain profile).
+    return Basic.Properties(
+        content_type=message.content_type,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        headers=headers_to_send(message),
+        message_id=message.message_id,
+        message_type=message.message_type,
+        priority=0,
+        user_id=user_id,
+    )

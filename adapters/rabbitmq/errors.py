@@ -20,13 +20,18 @@ any close caused by another message on a shared channel                    is at
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import urlsplit
 
+import aiormq.abc
 import aiormq.exceptions
 
+from consumer_kit.broker.publishing import OutgoingMessage
 from consumer_kit.errors import PublishError
 
 from .config import vhost_of
+
+logger = logging.getLogger(__name__)
 
 
 class VhostUnavailable(ConnectionError):
@@ -139,3 +144,29 @@ class Unsendable(Exception):
         super().__init__(text)
         self.size = size
         self.limit = limit
+
+
+def check_returned(message: OutgoingMessage, result: object) -> None:
+    """Judge a confirmed publish's ``result``: a message RabbitMQ returned (``mandatory``, nothing
+    bound) to the default exchange names no queue, so it is a row error; returned from another
+    exchange it was published unrouted (logged).
+
+    Raises:
+        PublishError: no queue named by the routing key (``transient=False``).
+    """
+    if isinstance(result, aiormq.abc.DeliveredMessage):  # returned: nothing bound
+        if message.destination == "":
+            raise PublishError(
+                f"no queue {message.routing_key!r} for message_id={message.message_id}",
+                transient=False,
+            )
+        logger.debug(
+            "no binding on exchange %s for routing key %s; message_id=%s published unrouted",
+            message.destination, message.routing_key, message.message_id,
+        )
+        return
+    logger.debug(
+        "published message_id=%s to exchange=%s routing_key=%s",
+        message.message_id, message.destination, message.routing_key,
+    )
+

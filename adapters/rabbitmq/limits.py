@@ -25,6 +25,10 @@ from aiormq.abc import AbstractChannel
 from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
+from consumer_kit.broker.publishing import OutgoingMessage
+from consumer_kit.errors import PublishError
+
+from .confirms import Publish
 from .envelope import TRIMMED_HEADER, is_kept
 from .errors import Unsendable
 
@@ -149,3 +153,26 @@ def fit_headers(
         del current[name]
         trimmed.append(name)
         current[TRIMMED_HEADER] = len(trimmed)
+
+
+def prepare(
+    message: OutgoingMessage, properties: Basic.Properties, *, frame_max: int, max_message_size: int,
+) -> Publish | PublishError:
+    """``message`` with its ``properties`` as :func:`~consumer_kit.adapters.rabbitmq.confirms.send`
+    takes it, or the permanent error of one that can never be published as it is (a name over 255
+    bytes, headers over ``frame_max`` or a body over ``max_message_size``, bytes): never sent."""
+    if len(message.routing_key.encode()) > 255 or len(message.destination.encode()) > 255:
+        return PublishError(
+            f"message_id={message.message_id} cannot be published: an exchange name or routing "
+            "key is at most 255 bytes",
+            permanent=True,
+        )
+    try:
+        check_fits(properties, len(message.body), frame_max=frame_max, max_message_size=max_message_size)
+    except Unsendable as exc:
+        return PublishError(
+            f"message_id={message.message_id} to {message.destination!r} cannot be published: {exc}",
+            permanent=True,
+        )
+    return message.destination, message.routing_key, properties, message.body
+

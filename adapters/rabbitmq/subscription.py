@@ -16,6 +16,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.resilience.one_shots import OneShots
 
 from . import acks
 from .connection import close_channel_soon
@@ -70,7 +71,7 @@ class Subscription:
         self._consumer_tag: str | None = None
         self._lock = asyncio.Lock()  # one state change (open, consume, cancel) at a time
         self.recovery: asyncio.Task[None] | None = None  # set by the consumer while re-creating
-        self._rejects: set[asyncio.Task[None]] = set()
+        self._rejects = OneShots()
 
     @property
     def queue(self) -> str:
@@ -178,9 +179,7 @@ class Subscription:
         """A message that cannot be mapped onto a delivery: basic.reject without requeue, so the
         queue's dead-letter exchange moves it, unchanged, to ``<queue>.dlq`` (``x-death`` reason
         ``rejected``; why is logged)."""
-        task = asyncio.create_task(self._reject(message), name=f"consumer-kit rabbitmq reject {self.queue}")
-        self._rejects.add(task)
-        task.add_done_callback(self._rejects.discard)
+        self._rejects.start(self._reject(message), name=f"consumer-kit rabbitmq reject {self.queue}")
 
     @staticmethod
     async def _reject(message: AbstractIncomingMessage) -> None:

@@ -100,6 +100,7 @@ class EntityBatcher:
         """Queue ``pending`` for the next batch; its ``outcome`` resolves once it is sent or refused."""
         self._waiting.append(pending)
         if self._flusher is None or self._flusher.done():
+            # one-shot: one flush at a time, awaited (bounded) then cancelled by close()
             self._flusher = asyncio.create_task(self._flush(), name=f"consumer-kit servicebus batch {self.entity}")
 
     def withdraw(self, pending: Pending) -> None:

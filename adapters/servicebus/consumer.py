@@ -12,7 +12,8 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
-from consumer_kit.broker import CallbackTasks, Consumer, DeliveryCallback, hand_over
+from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
+from consumer_kit.resilience.one_shots import OneShots
 
 from .config import Namespace
 from .connection import Connection
@@ -85,7 +86,7 @@ class ServiceBusConsumer(Consumer):
         self._connection: Connection | None = None
         self._context: PumpContext | None = None
         self._pumps: dict[str, EntityPump | SessionPumps] = {}
-        self._handlers = CallbackTasks()
+        self._handlers = OneShots()
         self._paused = False
         self._consuming = True
         self._closed = False

@@ -321,6 +321,7 @@ class ServiceBusDelivery(Delivery):
                 time_to_live=left,
             )
         else:
+            # one-shot: the held retry, cut short and awaited by end_hold()
             self._hold = asyncio.create_task(
                 self._hold_then_give_back(delay), name=f"consumer-kit servicebus hold {self.message_id}"
             )

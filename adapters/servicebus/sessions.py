@@ -42,6 +42,7 @@ from azure.servicebus.exceptions import OperationTimeoutError
 from tenacity import AsyncRetrying, RetryCallState
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.resilience.one_shots import OneShots
 from consumer_kit.resilience.supervised import Supervised, all_running
 
 from .connection import BACKOFF, close_quietly
@@ -91,7 +92,7 @@ class SessionPumps:
         for slot in self._slots:
             slot.stopping.set()
         await asyncio.gather(*(task.stop() for task in self._tasks))
-        await asyncio.gather(*(closing for slot in self._slots for closing in list(slot.closing)))
+        await asyncio.gather(*(slot.closing.wait() for slot in self._slots))
 
 
 class _SessionSlot:
@@ -104,7 +105,7 @@ class _SessionSlot:
         self._context = context
         self._receiving = asyncio.Lock()
         self._current: ServiceBusDelivery | None = None
-        self.closing: set[asyncio.Task[None]] = set()  # receivers of given-up sessions, closing
+        self.closing = OneShots()  # receivers of given-up sessions, closing
         # Set by SessionPumps.close: every unbounded wait of the slot also ends on it, so the slot
         # stops even if the cancellation that follows is lost (see wait_either).
         self.stopping = asyncio.Event()
@@ -227,8 +228,6 @@ class _SessionSlot:
         clean = current is None or (current.settlement is not None and not current.lost)
         if marked and clean and not lock.lost:
             await clear_hold(receiver, lock.management, self._context.settle_timeout)
-        closing = asyncio.create_task(
+        self.closing.start(
             close_quietly(receiver, self._context.settle_timeout, f"session {lock.session_id} of {self.entity.path}")
         )
-        self.closing.add(closing)
-        closing.add_done_callback(self.closing.discard)

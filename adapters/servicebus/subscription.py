@@ -35,6 +35,7 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.resilience.one_shots import OneShots
 from consumer_kit.resilience.supervised import Supervised
 
 from .connection import BACKOFF, close_quietly
@@ -109,7 +110,7 @@ class EntityPump:
         self._task: Supervised | None = None
         self._receiver_healthy = False
         self._throttled_in_a_row = 0
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks = OneShots()
 
     @property
     def healthy(self) -> bool:
@@ -159,7 +160,7 @@ class EntityPump:
         self._stopping.set()
         if self._task is not None:
             await self._task.stop()
-        await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)), *self._side_tasks)
+        await asyncio.gather(*(delivery.end_hold() for delivery in list(self._in_hand)), self._side_tasks.wait())
         if self._copies is not None:
             await self._copies.close()
         await self._drop_receiver()
@@ -230,9 +231,7 @@ class EntityPump:
         self._context.dispatch(delivery, self._callback)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"consumer-kit servicebus dead-letter raw {self.entity.path}")
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+        self._side_tasks.start(work, name=f"consumer-kit servicebus dead-letter raw {self.entity.path}")
 
     def _free_slot(self, delivery: ServiceBusDelivery) -> None:
         self._in_hand.discard(delivery)

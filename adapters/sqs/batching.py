@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from consumer_kit.broker.kit.counters import Counted, Counters
+from consumer_kit.resilience.one_shots import OneShots
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Batcher(Generic[E, R]):
         self._max_in_flight = max_in_flight
         self._waiting: dict[str, list[_Pending[E, R]]] = {}
         self._in_flight: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = OneShots()
         self.counters = Counters(("batches",))
 
     async def submit(self, queue_url: str, entry: E, size: int = 0) -> R:
@@ -80,16 +81,13 @@ class Batcher(Generic[E, R]):
 
     async def close(self) -> None:
         """Wait for the calls still out."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.wait()
 
     def _start(self, queue_url: str, *, linger: float) -> None:
         if self._in_flight.get(queue_url, 0) >= self._max_in_flight:
             return  # a finishing call starts the next batch
         self._in_flight[queue_url] = self._in_flight.get(queue_url, 0) + 1
-        task = asyncio.create_task(self._flush(queue_url, linger), name=f"consumer-kit sqs batch {queue_url}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(self._flush(queue_url, linger), name=f"consumer-kit sqs batch {queue_url}")
 
     def _take(self, queue_url: str) -> list[_Pending[E, R]]:
         waiting = self._waiting.get(queue_url, [])

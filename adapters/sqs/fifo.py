@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from consumer_kit.broker import Settlement
+from consumer_kit.resilience.one_shots import OneShots
 
 if TYPE_CHECKING:
     from .delivery import SQSDelivery
@@ -50,7 +51,7 @@ class GroupLanes:
         self._run = run
         self._give_back = give_back
         self._lanes: dict[str, deque[SQSDelivery]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = OneShots()
 
     def submit(self, delivery: SQSDelivery) -> None:
         """Queue ``delivery`` behind the earlier deliveries of its group."""
@@ -60,12 +61,10 @@ class GroupLanes:
             lane.append(delivery)
             return
         self._lanes[group] = deque([delivery])
-        task = asyncio.create_task(self._drive(group), name=f"consumer-kit sqs lane {group}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.start(self._drive(group), name=f"consumer-kit sqs lane {group}")
 
     @property
-    def tasks(self) -> set[asyncio.Task[None]]:
+    def tasks(self) -> OneShots:
         """The running lanes (the consumer cancels them on close)."""
         return self._tasks
 

@@ -32,7 +32,6 @@ as after a real crash.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -42,6 +41,7 @@ from typing import Any
 from consumer_kit.broker import DeliveryCallback, build_delivery
 from consumer_kit.broker.kit.pull_consumer import PulledQueue
 from consumer_kit.errors import DeadLetterReason
+from consumer_kit.resilience.one_shots import OneShots
 
 from .connection import SQSClient
 from .delivery import DEFAULT_GROUP, SQSDelivery
@@ -118,7 +118,7 @@ class Subscription(PulledQueue[dict[str, Any], SQSDelivery]):
         self._wanted, self._dispatch, self._give_back = wanted, dispatch, give_back
         self.receives = 0
         self.duplicates_absorbed = 0
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks = OneShots()
         self._unanswered: tuple[float, dict[str, Any]] | None = None  # a failed FIFO receive
 
     def _receive_params(self, room: int) -> dict[str, Any]:
@@ -222,9 +222,7 @@ class Subscription(PulledQueue[dict[str, Any], SQSDelivery]):
             logger.error("dead-lettering an unmappable message of queue=%s failed (%s)", self.queue, describe(exc))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work, name=f"consumer-kit sqs dead-letter raw {self.queue}")
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+        self._side_tasks.start(work, name=f"consumer-kit sqs dead-letter raw {self.queue}")
 
     def _settled(self, delivery: SQSDelivery) -> None:
         """As the base's, but a held retry (FIFO) takes its predecessor's place."""

@@ -141,6 +141,7 @@ class QueueDirectory:
             return cached
         task = self._lookups.get(target)
         if task is None:
+            # one-shot: one lookup per target, shared by every caller waiting on it
             task = asyncio.create_task(self._fetch(target), name=f"consumer-kit sqs lookup {target}")
             self._lookups[target] = task
             task.add_done_callback(lambda _: self._lookups.pop(target, None))

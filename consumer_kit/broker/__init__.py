@@ -6,7 +6,7 @@ consuming side), and the dead-letter queues of ``consumer-kit dlq``. The relay's
 Adapters import the contract from here (docs/explanation/architecture.md, "The adapter shape").
 """
 
-from consumer_kit.broker.consumer import CallbackTasks, Consumer, hand_over
+from consumer_kit.broker.consumer import Consumer, hand_over
 from consumer_kit.broker.dead_letters import (
     DeadLetter,
     DeadLetterQueues,
@@ -27,7 +27,7 @@ from consumer_kit.broker.delivery import (
 )
 
 __all__ = [
-    "AckGroup", "CallbackTasks", "Consumer", "DeadLetter", "DeadLetterQueues", "Delivery",
+    "AckGroup", "Consumer", "DeadLetter", "DeadLetterQueues", "Delivery",
     "DeliveryCallback", "RedriveProgress", "RedriveReport", "Settlement", "ack_all", "build_delivery",
     "first_enqueue_time", "hand_over", "header_count", "header_text", "sender_across_copies",
 ]

@@ -1,45 +1,18 @@
-"""The consuming side of the broker contract: :class:`Consumer`, and the tasks an adapter runs its
-deliveries' callbacks in."""
+"""The consuming side of the broker contract: :class:`Consumer`, and what every adapter does with a
+received delivery (:func:`hand_over`). An adapter runs each delivery's callback in a task of its own
+(a :class:`~consumer_kit.resilience.one_shots.OneShots` of the consumer's), not the SDK's, so that a
+lost channel or receiver never cancels a running handler, and ``close()`` can stop the ones still
+running, bounded."""
 
 from __future__ import annotations
 
 import abc
-import asyncio
 import logging
-from collections.abc import Coroutine, Iterable
-from typing import Any
 
 from consumer_kit.broker.delivery import Delivery, DeliveryCallback
 from consumer_kit.errors import ConfigurationError
 
 logger = logging.getLogger("consumer_kit.broker")
-
-
-class CallbackTasks:
-    """The tasks an adapter runs its deliveries' callbacks in, one per delivery: its own tasks,
-    not the SDK's, so that a lost channel or receiver never cancels a running handler, and
-    ``close()`` can stop the ones still running, bounded."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def start(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` (a delivery's hand-over) in a task of its own, kept until it ends."""
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def cancel(self, timeout: float, *, also: Iterable[asyncio.Task[Any]] = ()) -> None:
-        """Cancel every task still running (and ``also``) and wait for them, at most ``timeout``
-        seconds (the runtime gives a cancelled delivery back before it ends)."""
-        running = {*self._tasks, *also}
-        for task in running:
-            task.cancel()
-        if running:
-            await asyncio.wait(running, timeout=timeout)
-
-    def __len__(self) -> int:
-        return len(self._tasks)
 
 
 async def hand_over(delivery: Delivery, callback: DeliveryCallback, *, wanted: bool) -> None:

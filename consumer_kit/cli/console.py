@@ -16,7 +16,8 @@ import dataclasses
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from importlib.metadata import version as distribution_version
 from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import psycopg
@@ -204,6 +205,17 @@ def _typed(parameter: str, value: object) -> object | None:
 def _effective(console: LoggingSettings, field: str, default: str) -> str:
     """The option or variable behind ``field`` when set, else the command's own ``default``."""
     return str(getattr(console, field)) if field in console.model_fields_set else str(default)
+
+
+def version_callback(program: str) -> Callable[[bool], None]:
+    """The callback of a ``--version`` option: prints ``<program> <version>`` (the installed
+    distribution's, as :data:`consumer_kit.__version__`) and exits."""
+    def show(value: bool) -> None:
+        if value:
+            typer.echo(f"{program} {distribution_version('consumer-kit')}")
+            raise typer.Exit()
+
+    return show
 
 
 def read_settings(

@@ -54,6 +54,7 @@ from consumer_kit.ops.operator_actions import (
     open_dead_letter_queues,
     redrive_dead_letters,
 )
+from consumer_kit.ops.stats import UNKNOWN_TIME
 from consumer_kit.settings import BrokerSettings, LoggingSettings
 
 T = TypeVar("T")
@@ -186,4 +187,4 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 
 def _time(value: dt.datetime | None) -> str:
-    return "-" if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return UNKNOWN_TIME if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

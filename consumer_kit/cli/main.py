@@ -13,7 +13,6 @@ import asyncio
 import os
 import sys
 from collections.abc import Coroutine
-from importlib.metadata import version
 from typing import Annotated, Any
 
 import psycopg
@@ -36,6 +35,7 @@ from consumer_kit.cli.console import (
     require_shared_broker,
     setup_logging,
     user_errors,
+    version_callback,
 )
 from consumer_kit.cli.dlq import dlq_cli
 from consumer_kit.cli.ledger import ledger_cli
@@ -61,16 +61,10 @@ cli = typer.Typer(
 )
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"consumer-kit {version('consumer-kit')}")
-        raise typer.Exit()
-
-
 @cli.callback()
 def _root(
     show_version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit")
+        bool, typer.Option("--version", callback=version_callback("consumer-kit"), is_eager=True, help="Print the version and exit")
     ] = False,
 ) -> None:
     """Idempotent message consumers: one business effect per operation."""

@@ -44,12 +44,13 @@ from consumer_kit.ops.operator_actions import (
     default_actor,
     group_dead_letters,
     handler_for_scope,
+    ledger_url,
     open_dead_letter_queues,
     operation_key,
     redrive_dead_letters,
     resolve_parked,
 )
-from consumer_kit.ops.stats import StatsReader, age_text, duration_text
+from consumer_kit.ops.stats import StatsReader, age_text, ago_text, duration_text
 from consumer_kit.settings import Settings
 
 logger = logging.getLogger("consumer_kit.console")
@@ -228,7 +229,7 @@ class _Console:
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        url = self.settings.database_url
+        url = ledger_url(self.settings)  # "embedded": the embedded server the worker used
         if url is None:
             raise Refused("no database: set CONSUMER_KIT_DATABASE_URL")
         return psycopg.AsyncConnection.connect(url, autocommit=True)
@@ -242,7 +243,7 @@ class _Console:
         html = self.templates.get_template(template).render(
             csrf=self.guard.csrf_token(identity), csrf_field=CSRF_FIELD, read_only=self.config.read_only,
             actor=self.actor(request), schema=self.schema, page=template.removesuffix(".html"),
-            broker=_broker_label(self.settings), now=dt.datetime.now(dt.UTC), age=_age, seconds=age_text,
+            broker=_broker_label(self.settings), now=dt.datetime.now(dt.UTC), ago=ago_text, seconds=age_text,
             duration=duration_text, **{"message": None, "error": None, "pending": None, **context},
         )
         return HTMLResponse(html, status_code=status_code)
@@ -376,9 +377,3 @@ class _Decision:
 def _broker_label(settings: Settings) -> str:
     return redact_url(settings.broker_url) if settings.broker_url else "(no broker)"
 
-
-def _age(when: dt.datetime | None, now: dt.datetime | None = None) -> str:
-    """The age of ``when`` as :func:`~consumer_kit.ops.stats.age_text` prints it; ``"-"`` for none."""
-    if when is None:
-        return "-"
-    return age_text(((now or dt.datetime.now(dt.UTC)) - when).total_seconds())

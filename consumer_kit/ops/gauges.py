@@ -25,6 +25,7 @@ import psycopg
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from consumer_kit.ops.stats import LedgerPressure, OutboxPressure, StatsReader
+from consumer_kit.resilience.supervised import Supervised
 from consumer_kit.telemetry.describe import describe_error
 from consumer_kit.telemetry.metrics import BY_NAME, OPERATION_TYPE, SCHEMA, meter
 
@@ -82,7 +83,7 @@ class DatabaseGauges:
         self.outbox_values: OutboxPressure | None = None
         self._types_seen: set[str] = set()  # reported as 0 once they have nothing, not dropped
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._task: Supervised | None = None
         self._failing = False
 
     async def __aenter__(self) -> DatabaseGauges:
@@ -96,14 +97,13 @@ class DatabaseGauges:
         """Register the gauges and refresh them every ``interval`` seconds in the background."""
         _sources.add(self)
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="consumer-kit gauges")
+            self._task = Supervised("consumer-kit gauges", self._run).start()
 
     async def stop(self) -> None:
         """Stop refreshing, unregister, close the connection."""
         _sources.discard(self)
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await self._task.stop()
             self._task = None
         if self._conn is not None:
             with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ from consumer_kit.app import App
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.codec import marks
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.db.embedded import database_url
 from consumer_kit.errors import InvalidMessage, Refused
 from consumer_kit.ledger.audit import NOTE_CHARS, AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, NOT_DONE_DECISION, LedgerInspector
@@ -161,19 +162,34 @@ def operation_key(app: App | None, letter: DeadLetter) -> str | None:
 
 
 async def dead_letter_rows(settings: BrokerSettings, app: App | None, letters: list[DeadLetter]) -> list[Row]:
-    """``letters`` with their operation keys and first and last failure: from the ledger's attempt
-    history where ``settings`` names a database, else the broker's times."""
+    """``letters`` with their operation keys and first and last failure.
+
+    The ledger's attempt history decides both where ``settings`` names a database (``embedded``
+    included) and it recorded a failure of the operation: a broker's own time is the first
+    dead-lettering it saw (RabbitMQ's ``x-death`` names the first retry's expiry), not the last
+    fault. Otherwise the broker's dead-letter time (first failure: else its enqueue time); ``None``
+    where nothing knows (docs/operations/dead-letters.md)."""
     keys = [operation_key(app, letter) for letter in letters]
     times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
-    if settings.database_url is not None and not settings.embedded and any(keys):
-        async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+    url = ledger_url(settings)
+    if url is not None and any(keys):
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             times = await failure_times(conn, settings.db_schema, sorted({k for k in keys if k}))
     rows = []
     for letter, key in zip(letters, keys, strict=True):
         first, last = times.get(key or "", (None, None))
         broker_time = letter.dead_lettered_at
-        rows.append(Row(letter, key, first or broker_time or letter.enqueued_at, broker_time or last))
+        rows.append(Row(letter, key, first or broker_time or letter.enqueued_at, last or broker_time))
     return rows
+
+
+def ledger_url(settings: BrokerSettings) -> str | None:
+    """The ledger's URL for an operator command: ``None`` where no database is named (the
+    operator tools never start an embedded server nobody asked for); ``embedded`` is the
+    embedded server the worker used."""
+    if settings.database_url is None:
+        return None
+    return database_url(settings)
 
 
 def group_dead_letters(rows: list[Row]) -> list[Group]:
@@ -258,8 +274,9 @@ async def open_dead_letter_queues(settings: BrokerSettings) -> AsyncIterator[Dea
     only consumer-kit's signed reasons, queues and counts are believed; closed afterwards."""
     from consumer_kit.broker.registry import open_dead_letters
 
-    if settings.database_url is not None and not settings.embedded:
-        async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as conn:
+    url = ledger_url(settings)
+    if url is not None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await install_mark_keys(conn, settings)
     elif settings.mark_key is not None:
         marks.install(settings.mark_key.get_secret_value().encode(), source="settings")

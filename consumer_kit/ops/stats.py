@@ -314,6 +314,18 @@ async def failure_times(
     return {str(key): (first, last) for key, first, last in await cur.fetchall()}
 
 
+UNKNOWN_TIME = "unknown"
+"""What the operator tools print for a time nothing recorded (never ``-``, never ``- ago``)."""
+
+
+def ago_text(when: dt.datetime | None, now: dt.datetime | None = None) -> str:
+    """How long ago ``when`` was (``"3m05s ago"``, :func:`age_text`'s units), or
+    :data:`UNKNOWN_TIME`; ``now`` defaults to the current UTC time."""
+    if when is None:
+        return UNKNOWN_TIME
+    return age_text(((now or dt.datetime.now(dt.UTC)) - when).total_seconds()) + " ago"
+
+
 def age_text(seconds: float | None) -> str:
     """An age in seconds as ``consumer-kit stats`` and the console print it: ``"45s"``,
     ``"3m05s"``, ``"2h10m"``, ``"1d03h"``; ``"-"`` for none."""

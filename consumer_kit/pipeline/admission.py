@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from consumer_kit.errors import GiveBack
+from consumer_kit.resilience.one_shots import OneShots
 
 
 class Admission:
@@ -49,7 +50,7 @@ class Admission:
         self._alone_waiting = 0  # redelivered messages waiting to run alone, or running alone
         self._alone_running = False
         self._changed = asyncio.Condition()
-        self._wakers: set[asyncio.Task[None]] = set()
+        self._wakers = OneShots()
 
     @property
     def paused(self) -> bool:
@@ -142,8 +143,6 @@ class Admission:
                 self._changed.notify_all()
 
         try:
-            task = asyncio.get_running_loop().create_task(notify())
+            self._wakers.start(notify())
         except RuntimeError:  # no loop yet: nobody can be waiting
             return
-        self._wakers.add(task)
-        task.add_done_callback(self._wakers.discard)

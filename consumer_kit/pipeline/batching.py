@@ -108,6 +108,7 @@ class Batcher:
             held, self._held = self._held[: self.size], self._held[self.size:]
             self._first_held_at = asyncio.get_running_loop().time()  # the rest waits from now
             self._running += 1
+            # one-shot: kept by each member's delivery until the batch ends; a member given back cancels it
             task = asyncio.create_task(self._batch(held), name="consumer-kit batch")
             for delivery, _ in held:
                 self._batch_of[id(delivery)] = task

@@ -39,11 +39,27 @@ class _Arming:
 _ARMED: dict[CrashPoint, _Arming] = {}
 
 
-def arm(point: CrashPoint | str, *, action: str = "raise", times: int = 1) -> None:
-    """Arm ``point`` to fire ``times`` times (``-1``: every time) with ``action`` ``"raise"`` or ``"kill"``."""
+class Armed:
+    """Returned by :func:`arm`: leaving its ``with`` block disarms every point."""
+
+    def __enter__(self) -> Armed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        disarm_all()
+
+
+def arm(point: CrashPoint | str, *, action: str = "raise", times: int = 1) -> Armed:
+    """Arm ``point`` to fire ``times`` times (``-1``: every time) with ``action`` ``"raise"`` or
+    ``"kill"``; usable as a context manager that disarms every point when it ends.
+
+    Raises:
+        ValueError: an unknown ``action`` or point.
+    """
     if action not in ("raise", "kill"):
         raise ValueError("action must be 'raise' or 'kill'")
     _ARMED[CrashPoint(point)] = _Arming(action, times)
+    return Armed()
 
 
 def disarm_all() -> None:

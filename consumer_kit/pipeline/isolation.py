@@ -128,6 +128,7 @@ class Isolation:
                 detail=f"the worker process died {counts.crashes} times while running this operation "
                 f"alone (crash_limit {limit}); attempt history in the ledger's attempts table",
             )
+        # one-shot: lives as long as this run, cancelled when it ends
         renewer = asyncio.create_task(self._renew_alone(identity), name="consumer-kit run-alone marker")
         try:
             decision = await self._run(delivery, decoded, envelope)

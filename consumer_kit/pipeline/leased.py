@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -48,6 +48,7 @@ from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
+from consumer_kit.pipeline.lease_renewal import renewing
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
     begin,
@@ -67,7 +68,6 @@ logger = logging.getLogger("consumer_kit.leased")
 
 T = TypeVar("T")
 
-_MIN_RENEW_INTERVAL = 0.2  # seconds
 
 
 class LeasedPath:
@@ -204,7 +204,7 @@ class _LeasedRun:
         timeout = self.path.settings.handler_timeout
         operation_type = handler.operation_type
         try:
-            async with self._renewing():
+            async with renewing(self):
                 if recovered:
                     evidence = Evidence(await self.path._statement(
                         lambda conn: self.path.evidence.fetch(conn, self.identity.scope, self.identity.key),
@@ -338,64 +338,18 @@ class _LeasedRun:
         if cm is not None:
             await cm.__aexit__(None, None, None)
 
-    # -- the renewer ----------------------------------------------------------------------------------
+    # -- the lease -----------------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def _renewing(self) -> AsyncIterator[None]:
-        """Extend the lease and the delivery's peek-lock every third of ``lease_seconds`` while the
-        attempt runs; when either is lost, cancel the attempt (it no longer owns the operation)."""
-        owner = asyncio.current_task()
-        assert owner is not None
-        renewer = asyncio.create_task(self._renew_until_lost(owner), name="consumer-kit lease renewer")
-        try:
-            yield
-        except asyncio.CancelledError:
-            if self.lost is None:
-                raise  # a shutdown, not a lost lease
-            owner.uncancel()
-            raise LeaseLost(self.lost) from None
-        finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
+    @property
+    def lease_seconds(self) -> float:
+        return self.path.settings.lease_seconds
 
-    async def _renew_until_lost(self, owner: asyncio.Task[Any]) -> None:
-        """Renew every third of the lease (seconds; the first renewal a third of it after the
-        claim or take-over was sent, the next ones a third after the previous one ended). The
-        attempt is stopped at ``deadline``, a tenth of the lease before the ledger's lease runs
-        out, counted from when the statement that set the lease was sent (the claim or take-over
-        first, then the last successful renewal), which is no later than the database's ``now()``
-        for it, whatever a renewal in flight is doing: a renewal that hangs, or a renewer that
-        starts late (a busy event loop), must not let the attempt outlive its lease."""
-        lease = self.path.settings.lease_seconds
-        interval = max(lease / 3, _MIN_RENEW_INTERVAL)
-        margin = lease / 10
-        loop = asyncio.get_running_loop()
-        deadline = self.leased_from + lease - margin
-        due = self.leased_from + interval  # a renewer that starts late renews at once
-        while True:
-            await asyncio.sleep(max(0.0, min(due, deadline) - loop.time()))
-            sent = loop.time()
-            renewed: bool | None = None
-            if sent < deadline:
-                try:
-                    async with asyncio.timeout(deadline - sent):
-                        renewed = await self.path._statement(
-                            lambda conn: self.path.ledger.renew(conn, self.identity, self.fence, lease),
-                            "lease renewal",
-                        )
-                except Exception as exc:  # noqa: BLE001 - the database may be back before the deadline
-                    logger.warning("lease renewal failed (%s) scope=%s operation_key=%s",
-                                   type(exc).__name__, self.identity.scope, self.identity.key)
-            if renewed:
-                deadline = sent + lease - margin
-            if renewed is False or loop.time() >= deadline:
-                self.lost = "lease taken over" if renewed is False else "lease could not be renewed in time"
-            elif not await self.delivery.renew_lock():
-                self.lost = "the broker's peek-lock was lost"
-            if self.lost is not None:
-                owner.cancel()
-                return
-            due = loop.time() + interval
+    async def renew_lease(self) -> bool:
+        """One renewal of the lease in the ledger: ``False`` when another worker took it over."""
+        return await self.path._statement(
+            lambda conn: self.path.ledger.renew(conn, self.identity, self.fence, self.lease_seconds),
+            "lease renewal",
+        )
 
     def _raise_if_lost(self) -> None:
         if self.lost is not None:

@@ -98,16 +98,16 @@ def _cell(text: str) -> str:
 def render_markdown() -> str:
     """The settings reference as Markdown, for a page that has its own title and introduction
     (the docs' ``<!-- generated: settings -->`` marker): per group a ``##`` heading, who reads it,
-    and a table of its settings (variable or URL option, type, unit, range, default, description)."""
+    and a table of its settings in three columns that wrap on a narrow page (docs/development.md):
+    the variable or URL option with its type, unit and range; the default; the description."""
     lines: list[str] = []
     for group in SETTINGS_GROUPS:
         lines += [f"## {group}", "", GROUP_READERS.get(group, ""), ""]
-        lines += [
-            "| setting | type | unit | range | default | description |",
-            "|---|---|---|---|---|---|",
-        ]
+        lines += ["| setting | default | description |", "|---|---|---|"]
         for row in rows(group):
-            cells = (f"`{row.name}`", f"`{row.type}`", row.unit, row.range, f"`{row.default}`", row.description)
+            # "int or None", not "int | None": a pipe in a table's code span shows its escape.
+            kind = ", ".join(part for part in (f"`{row.type.replace(' | ', ' or ')}`", row.unit, row.range) if part)
+            cells = (f"`{row.name}`<br>{kind}", f"`{row.default}`", row.description)
             lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -316,13 +316,12 @@ class Harness:
 
     # -- crash points --------------------------------------------------------------------------
 
-    def crash_at(self, point: CrashPoint | str, *, times: int = 1) -> _Armed:
+    def crash_at(self, point: CrashPoint | str, *, times: int = 1) -> crashpoints.Armed:
         """Arm crash point ``point`` (``"before_claim"``, ``"in_handler"``, ...) to fire ``times``
         times (``-1``: always) by raising ``SimulatedCrash``: the delivery is left unsettled as if
         the process died, and comes back after the broker lock expires. Usable as a context
         manager; :meth:`close` disarms everything anyway."""
-        crashpoints.arm(point, action="raise", times=times)
-        return _Armed()
+        return crashpoints.arm(point, action="raise", times=times)
 
     # -- reading state -------------------------------------------------------------------------
 
@@ -400,13 +399,3 @@ class Harness:
     def settled(self, reports: Iterable[DeliveryReport] | None = None) -> list[DeliveryReport]:
         """Reports of deliveries that ended the message's life (acked or dead-lettered)."""
         return settled_reports(self.reports if reports is None else reports)
-
-
-class _Armed:
-    """Returned by :meth:`Harness.crash_at`; leaving its ``with`` block disarms all points."""
-
-    def __enter__(self) -> _Armed:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        crashpoints.disarm_all()

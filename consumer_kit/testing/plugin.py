@@ -78,7 +78,7 @@ def ck_database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             return
     from consumer_kit.db.embedded import embedded_database_url
 
-    yield embedded_database_url(tmp_path_factory.mktemp("consumer-kit-pgdata"))
+    yield embedded_database_url(tmp_path_factory.mktemp("consumer-kit-pgdata"), throwaway=True)
 
 
 @pytest.fixture

@@ -136,7 +136,7 @@ class Worker:
             self.runtime = Runtime(self.app, pool, self.settings, admission=self.admission, hooks=hooks)
             self.runtime.counters.minutes = MinuteCounts()
             consumer = self._consumer = self._consumer or open_consumer(self.settings)
-            background: list[asyncio.Task[None]] = []
+            background: list[Supervised] = []
             try:
                 for queue in self.app.queues:
                     size, wait = batch_setting(self.app, queue)
@@ -156,9 +156,9 @@ class Worker:
                 if self.settings.health_port is not None:
                     await self.health.serve(self.settings.health_port, self.settings.health_host)
                 background = [
-                    asyncio.create_task(self._log_summaries(), name="consumer-kit summary"),
-                    asyncio.create_task(self._heartbeat(), name="consumer-kit heartbeat"),
-                    asyncio.create_task(self._apply_holds(consumer), name="consumer-kit consumer hold"),
+                    Supervised("consumer-kit summary", self._log_summaries).start(),
+                    Supervised("consumer-kit heartbeat", self._heartbeat).start(),
+                    Supervised("consumer-kit consumer hold", functools.partial(self._apply_holds, consumer)).start(),
                 ]
                 logger.info(
                     "worker %s consuming %s with concurrency %s, prefetch %s per queue (broker %s, schema %s)",
@@ -176,11 +176,9 @@ class Worker:
                 await consumer.stop_consuming()
                 await self._drain()
             finally:
-                for task in background:
-                    task.cancel()
                 if self._probe is not None:
                     self._probe.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                await asyncio.gather(*(task.stop() for task in background))
                 await consumer.close()
                 await self.health.close()
                 await self._write_outcome_counts()  # the last interval's, before the pool closes

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Iterable
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -128,16 +129,17 @@ def _option_default(option: Any) -> str:
 
 
 def metrics_markdown() -> str:
-    """The metrics catalogue: one row per :class:`~consumer_kit.telemetry.metrics.MetricSpec`."""
+    """The metrics catalogue: one row per :class:`~consumer_kit.telemetry.metrics.MetricSpec`, in
+    three columns that wrap on a narrow page (the names, what kind, what it means)."""
     from consumer_kit.telemetry.metrics import CATALOGUE
 
     rows = [
-        f"| `{spec.name}` | {', '.join(f'`{n}`' for n in spec.prometheus_names)} | {spec.kind} | `{spec.unit}`"
-        f" | {', '.join(f'`{a}`' for a in spec.attributes) or '-'} | {spec.emitted_by} | {_cell(spec.description)} |"
+        f"| `{spec.name}`<br>Prometheus: {', '.join(f'`{n}`' for n in spec.prometheus_names)}"
+        f" | {spec.kind}, unit `{spec.unit}`, from the {spec.emitted_by}"
+        f" | {_cell(spec.description).rstrip('.')}. Attributes: {', '.join(f'`{a}`' for a in spec.attributes) or 'none'}. |"
         for spec in CATALOGUE
     ]
-    return ("| metric (OpenTelemetry) | Prometheus series | kind | unit | attributes | from | meaning |\n"
-            "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return "| metric | kind | meaning |\n|---|---|---|\n" + "\n".join(rows) + "\n"
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
@@ -170,3 +172,36 @@ build_source_mirror()
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return render_markers(markdown, page.file.src_uri)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    return label_table_cells(html)
+
+
+# -- tables on a phone ----------------------------------------------------------------------------------
+
+_TABLE = re.compile(r"<table>(.*?)</table>", re.S)
+_HEADER_CELL = re.compile(r"<th[^>]*>(.*?)</th>", re.S)
+_ROW = re.compile(r"<tr>(.*?)</tr>", re.S)
+_DATA_CELL = re.compile(r"<td(?=[ >])")
+_TAG = re.compile(r"<[^>]+>")
+
+
+def label_table_cells(html: str) -> str:
+    """Every ``<td>`` of the page's Markdown tables with ``data-label`` = its column's header, so
+    that on a narrow screen docs/stylesheets/extra.css can show each row as a block of labelled
+    lines instead of a table wider than the phone."""
+    def label(table: re.Match[str]) -> str:
+        body = table.group(1)
+        head, _, rest = body.partition("</thead>")
+        names = [escape(_TAG.sub("", cell).strip(), quote=True) for cell in _HEADER_CELL.findall(head)]
+        if not names or not rest:
+            return table.group(0)
+
+        def row(match: re.Match[str]) -> str:
+            cells = iter(names)
+            return "<tr>" + _DATA_CELL.sub(lambda m: f'<td data-label="{next(cells, "")}"', match.group(1)) + "</tr>"
+
+        return "<table>" + head + "</thead>" + _ROW.sub(row, rest) + "</table>"
+
+    return _TABLE.sub(label, html)

@@ -101,4 +101,5 @@ async def create_tables(conn: AsyncConnection[Any]) -> None:
 
 app = App("invoices", events=["billing.events"])  # `consumer-kit declare` creates the exchange
 app.subscribe("invoices.commands", CreateInvoiceHandler())
+app.event(InvoiceCreated, destination="billing.events", routing_key="invoice.created")  # the contract's event
 app.on_startup(create_tables)

@@ -212,12 +212,12 @@ def main(
     """Run the invoices example with duplicates, a conflict, invalid bodies and a crash.
 
     Uses CONSUMER_KIT_DATABASE_URL if set, else an embedded PostgreSQL (the ``embedded`` extra;
-    not as root); the broker is the in-process memory broker. Drops and recreates ``--schema``
+    as root run as the account ``nobody``); the broker is the in-process memory broker. Drops and recreates ``--schema``
     (default consumer_kit_demo) on each run: give another one on a shared database.
     Exit code 0 when every balance equals the sum of the unique commands."""
     setup_logging(log_level, library_log_level)
     settings = read_settings(Settings)
-    with user_errors(settings):  # no pgserver, root, no server: one `error:` line, exit 2
+    with user_errors(settings):  # no pgserver, no server: one `error:` line, exit 2
         code = asyncio.run(run_demo(settings, schema=schema))
     raise typer.Exit(code)
 

@@ -4,6 +4,7 @@ completed meanwhile, are redriven; the other 30 execute once each and the 20 ans
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from typing import Any
 
@@ -100,3 +101,27 @@ async def test_redrive_needs_a_selection(env: Env) -> None:
         "CONSUMER_KIT_BROKER_URL": env.rabbitmq_url,
     })
     assert result.exit_code == 2 and "--reason R, --key K or --all" in result.output
+
+
+async def test_the_last_failure_is_the_ledgers_last_attempt_not_the_first_retry_expiry(env: Env) -> None:
+    """Three handler faults, two of them through the retry queue: RabbitMQ's x-death time is the
+    first retry's expiry, the ledger's attempt history holds the third fault (docs/operations/dead-letters.md)."""
+    app = App("gated")
+    app.subscribe(env.queue, Gated())
+    Gated.open = False
+    async with env.worker(app):
+        await env.send(command(order_id=9), {"operation-id": "order-9"})  # the key without --app
+        seen = await env.reports_until(terminal(1))
+        assert [r.outcome for r in seen] == [Outcome.RETRIED, Outcome.RETRIED, Outcome.DEAD_LETTERED]
+    [(first, last, faults)] = await env.rows(
+        "SELECT min((e ->> 'at')::timestamptz), max((e ->> 'at')::timestamptz), count(*) "
+        "FROM attempts, jsonb_array_elements(history) AS e WHERE e ->> 'kind' = 'failure'")
+    assert faults == 3
+
+    [row] = json.loads(await dlq(env, "list", env.queue, "--json"))
+    assert row["operation_key"] == "order-9"
+    assert dt.datetime.fromisoformat(row["last_failure"]) == last
+    assert dt.datetime.fromisoformat(row["first_failure"]) == first
+    assert dt.datetime.fromisoformat(row["dead_lettered_at"]) < last  # the broker's own time: not used
+    table = await dlq(env, "list", env.queue)
+    assert last.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S") in table

@@ -344,6 +344,9 @@ async def test_a_group_of_dead_letters_redriven_from_the_page_executes_each_once
         text = await group.inner_text()
         assert all(f"order-{n}-rev-2" in text for n in range(1, 7))
         assert "c-1" not in text and "amount_cents" not in text  # no body unless asked
+        last = await group.locator("tbody tr td:nth-child(5)").all_inner_texts()  # the ledger's last fault
+        assert len(last) == 6 and all(re.fullmatch(r"\d+s ago", cell) for cell in last), last
+        assert "- ago" not in text
         await screenshot(page, "dead-letters")
         await group.get_by_role("button", name="body").first.click()
         body = await page.locator("pre.body").inner_text()

@@ -1,23 +1,21 @@
 """The demo (`python -m consumer_kit.demo`, from a clone also `python -m consumer_kit.demo.demo`)
-exits 0 and its balances match: on the embedded PostgreSQL (pgserver) when not root, else on the
-test server (as root the embedded database refuses: tests/product/test_first_hour.py)."""
+exits 0 and its balances match, on the embedded PostgreSQL (pgserver; as root run as ``nobody``, see
+tests/db/test_embedded_root.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
+
+from consumer_kit.db.embedded_root import private_dir_for
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 @pytest.mark.slow
@@ -31,17 +29,12 @@ AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str, where: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONSUMER_KIT_")}
     env["CONSUMER_KIT_EMBEDDED_DATA_DIR"] = str(tmp_path / "pgdata")
-    if AS_ROOT:
-        url = os.environ.get("CONSUMER_KIT_TEST_DATABASE_URL")
-        if not url:
-            pytest.skip("as root the demo needs CONSUMER_KIT_TEST_DATABASE_URL")
-        env["CONSUMER_KIT_DATABASE_URL"] = url
     env["COLUMNS"] = "160"
     if where == "clone root":
         env.pop("PYTHONPATH", None)
     else:
         env["PYTHONPATH"] = str(REPO)  # for consumer_kit.demo.demo; consumer_kit.demo is installed
-    schema = f"ck_demo_{uuid.uuid4().hex[:12]}"  # the test database is shared with other runs
+    schema = f"ck_demo_{uuid.uuid4().hex[:12]}"
     try:
         result = subprocess.run(
             [sys.executable, "-m", module, "--schema", schema],
@@ -49,9 +42,7 @@ def test_demo_exits_0_with_matching_balances(tmp_path: Path, module: str, where:
             timeout=180, check=False,
         )
     finally:
-        if AS_ROOT:
-            with psycopg.connect(env["CONSUMER_KIT_DATABASE_URL"], autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        shutil.rmtree(private_dir_for(tmp_path / "pgdata"), ignore_errors=True)  # as root: its server's home
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "all checks passed" in out

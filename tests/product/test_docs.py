@@ -70,7 +70,7 @@ def test_the_metrics_page_lists_the_catalogue() -> None:
     rows = [line for line in page.splitlines() if line.startswith("| `")]
     assert len(rows) == len(CATALOGUE)
     for spec, row in zip(CATALOGUE, rows, strict=True):
-        assert row.startswith(f"| `{spec.name}` |") and all(f"`{n}`" in row for n in spec.prometheus_names)
+        assert row.startswith(f"| `{spec.name}`<br>Prometheus: ") and all(f"`{n}`" in row for n in spec.prometheus_names)
 
 
 def test_each_reference_page_asks_for_its_generated_part_and_unknown_parts_fail() -> None:

@@ -34,8 +34,9 @@ def test_the_page_lists_every_variable_of_the_tree_once_with_its_group_heading()
         assert page.count(f"`{variable}`") == 1, variable
     for group in SETTINGS_GROUPS:
         assert re.search(rf"^## {group}$", page, re.MULTILINE), group
-    assert "`CONSUMER_KIT_LOCK_TIMEOUT` | `float` | seconds | 0.001 to 3600 | `5` |" in page
-    assert "`sqs://...?wait=` | `int` | seconds | 0 to 20 | `10` |" in page
+    assert "| `CONSUMER_KIT_LOCK_TIMEOUT`<br>`float`, seconds, 0.001 to 3600 | `5` |" in page
+    assert "| `sqs://...?wait=`<br>`int`, seconds, 0 to 20 | `10` |" in page
+    assert "`str or None`" in page and "\\|" not in page  # no escaped pipe: it would show
 
 
 def test_each_setting_belongs_to_exactly_one_group() -> None:

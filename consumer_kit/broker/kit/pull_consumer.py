@@ -28,8 +28,9 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from consumer_kit.broker import CallbackTasks, Consumer, Delivery, DeliveryCallback, Settlement, hand_over
+from consumer_kit.broker import Consumer, Delivery, DeliveryCallback, Settlement, hand_over
 from consumer_kit.resilience.backoff import RECONNECT
+from consumer_kit.resilience.one_shots import OneShots
 from consumer_kit.resilience.supervised import Supervised, all_running
 
 D = TypeVar("D", bound=Delivery)
@@ -206,8 +207,8 @@ class PullConsumer(Consumer, Generic[Q, D]):
         self._settle_timeout = settle_timeout
         self._subscriptions: dict[str, Q] = {}
         self._pullers: dict[str, Supervised] = {}
-        self._handlers = CallbackTasks()
-        self._releases: set[asyncio.Task[None]] = set()
+        self._handlers = OneShots()
+        self._releases = OneShots()
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._consuming = True
@@ -278,8 +279,7 @@ class PullConsumer(Consumer, Generic[Q, D]):
         for subscription in self._subscriptions.values():
             for delivery in subscription.unsettled():
                 self._give_back(delivery)
-        if self._releases:
-            await asyncio.wait(set(self._releases), timeout=self._settle_timeout)
+        await self._releases.wait(self._settle_timeout)
         return True
 
     def _other_handlers(self) -> Iterable[asyncio.Task[Any]]:
@@ -308,9 +308,7 @@ class PullConsumer(Consumer, Generic[Q, D]):
 
     def _give_back(self, delivery: D) -> None:
         """Release ``delivery`` in a task of its own (:meth:`_wind_down` waits for it)."""
-        task = asyncio.create_task(self._release_now(delivery), name=self.release_task)
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
+        self._releases.start(self._release_now(delivery), name=self.release_task)
 
     async def _release_now(self, delivery: D) -> None:
         await delivery.release()

@@ -34,10 +34,9 @@ from consumer_kit.adapters.rabbitmq import (
     delivery_count_of,
     publisher_from_settings,
 )
-from consumer_kit.adapters.rabbitmq.envelope import user_of_url
+from consumer_kit.adapters.rabbitmq.envelope import properties_of, user_of_url
 from consumer_kit.adapters.rabbitmq.errors import publish_error
 from consumer_kit.adapters.rabbitmq.limits import _header_frame_bound, header_frame_size
-from consumer_kit.adapters.rabbitmq.publisher import properties_of
 from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.broker.publishing import OutgoingMessage
 from consumer_kit.codec import headers as own

@@ -14,7 +14,7 @@ from pamqp.commands import Basic
 from pamqp.header import ContentHeader
 
 from consumer_kit.adapters.rabbitmq import frames
-from consumer_kit.adapters.rabbitmq.publisher import properties_of
+from consumer_kit.adapters.rabbitmq.envelope import properties_of
 from consumer_kit.broker.publishing import OutgoingMessage
 
 
