@@ -15,7 +15,6 @@ leaves the answer as it was.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.db.pool import discard
 from consumer_kit.pipeline.transaction import commit, rollback
+from consumer_kit.resilience.one_shots import OneShots
 
 __all__ = ["EarlyAnswers"]
 
@@ -44,7 +44,7 @@ class EarlyAnswers:
     def __init__(self, pool: AsyncConnectionPool, timeout: float) -> None:
         self.pool = pool
         self.timeout = timeout
-        self._ending: set[asyncio.Task[None]] = set()
+        self._ending = OneShots()  # each ends with its transaction; wait() before the pool closes
 
     async def on_connection(
         self, run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[tuple[T, bool]]]
@@ -71,15 +71,13 @@ class EarlyAnswers:
     def end_later(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End ``conn``'s transaction (it wrote nothing) and return ``conn`` to the pool, in a task
         of its own; the caller answers meanwhile. Never raises."""
-        task = asyncio.get_running_loop().create_task(self._end(conn), name="consumer-kit transaction end")
-        self._ending.add(task)
-        task.add_done_callback(self._ending.discard)
+        self._ending.start(self._end(conn), name="consumer-kit transaction end")
 
     async def wait(self) -> None:
         """Until every transaction handed over has ended and its connection is back (before the
         pool closes)."""
-        while self._ending:
-            await asyncio.gather(*self._ending, return_exceptions=True)
+        while len(self._ending):
+            await self._ending.wait()
 
     async def _end(self, conn: psycopg.AsyncConnection[Any]) -> None:
         try:
