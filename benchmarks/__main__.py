@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks import report, runner
 
 SCENARIOS = ["idempotency", "ledger", "pgbench", "memory", "crash", "relay", "relay_memory",
-             "drain", "scaleout", "notify", "uvloop", "batch"]
+             "drain", "scaleout", "notify", "uvloop", "batch", "nats_batch"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--only", nargs="+", choices=SCENARIOS, default=None)
     run.add_argument("-v", "--verbose", action="store_true")
     prof = sub.add_parser("profile", help="py-spy profile of one consumer draining a queue")
-    prof.add_argument("--variant", choices=["ck", "naive", "powertools", "ck_batch", "naive_batch"], default="ck")
+    prof.add_argument("--variant", choices=["ck", "naive", "powertools", "ck_batch", "naive_batch",
+                                                     "ck_nats_batch", "faststream_nats_batch"], default="ck")
     prof.add_argument("--batch", type=int, default=10, help="batch variants: the batch size")
     prof.add_argument("--messages", type=int, default=8000)
     prof.add_argument("--concurrency", type=int, default=8)

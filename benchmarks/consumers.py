@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import resource
@@ -39,7 +40,10 @@ import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
+
+from psycopg import sql
 
 from benchmarks.common import (
     AMQP_URL,
@@ -55,7 +59,14 @@ logger = logging.getLogger("benchmarks.consumers")
 
 
 class _Progress:
-    """Counts finished deliveries; resolves ``done`` at the expected count."""
+    """Counts finished deliveries; resolves ``done`` at the expected count.
+
+    The per-delivery tick is a count and a monotonic clock read, the same in every variant: the
+    process CPU clock is read only at the first finished delivery and at the last (a system call,
+    several per cent of a delivery's CPU if read every time); the timeline (finished deliveries
+    per 0.1 s of wall clock, for the scale-out runs) comes from :meth:`sample`, a task that reads
+    the count ten times a second, off the delivery path.
+    """
 
     def __init__(self, expect: int) -> None:
         self.expect = expect
@@ -63,28 +74,51 @@ class _Progress:
         self.timeline: dict[int, int] = {}
         self.first_cpu = self.last_cpu = 0.0  # process CPU seconds at the first and last delivery
         self.count = 0
+        self.first_count = 0  # deliveries finished when the first was seen (1 when ticked inline)
         self.first: float | None = None
         self.last: float | None = None
         self.done = asyncio.Event()
 
     def tick(self, n: int = 1) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-            self.first_cpu = time.process_time()
         self.count += n
-        self.last = now
-        self.last_cpu = time.process_time()
-        slot = int((now + self.wall_offset) * 10)
-        self.timeline[slot] = self.timeline.get(slot, 0) + n
-        if self.expect and self.count >= self.expect:
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first, self.first_count, self.first_cpu = self.last, self.count, time.process_time()
+        if self.count >= self.expect > 0:
+            self.last_cpu = time.process_time()
             self.done.set()
+
+    async def sample(self, total: Any = None) -> None:
+        """Every 0.1 s: the timeline slot and the CPU clock of the last delivery (the run ends at
+        SIGTERM when nothing is expected); with ``total`` (a callable: the deliveries finished so
+        far, e.g. a consumer-kit runtime's counters) the count is read from it every 5 ms instead
+        of ticked by the variant, so that the measured process does no per-delivery work of the
+        harness's at all."""
+        seen, slot_at = 0, 0.0
+        while True:
+            await asyncio.sleep(0.005 if total is not None else 0.1)
+            if total is not None:
+                finished = total()
+                if finished > self.count:
+                    self.tick(finished - self.count)
+            now = time.perf_counter()
+            if now - slot_at < 0.1 and total is not None:
+                continue
+            slot_at = now
+            if self.count > seen:
+                slot = int((now + self.wall_offset) * 10)
+                self.timeline[slot] = self.timeline.get(slot, 0) + self.count - seen
+                seen = self.count
+                if not self.done.is_set():
+                    self.last_cpu = time.process_time()
 
     def result(self) -> dict[str, Any]:
         seconds = (self.last or 0.0) - (self.first or 0.0)
-        # N deliveries finished in `seconds` counting from the first one: N-1 intervals.
-        rate = (self.count - 1) / seconds if seconds > 0 and self.count > 1 else None
+        # deliveries finished after the first one seen, over the time since it was seen
+        after_first = self.count - self.first_count
+        rate = after_first / seconds if seconds > 0 and after_first > 0 else None
         peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        cpu = self.last_cpu - self.first_cpu
         return {
             "processed": self.count,
             "seconds": seconds,
@@ -94,7 +128,8 @@ class _Progress:
             "last_at": None if self.last is None else self.last + self.wall_offset,
             "timeline": self.timeline,
             # CPU of the whole process (all threads) from the first finished delivery to the last
-            "cpu_seconds": self.last_cpu - self.first_cpu,
+            "cpu_seconds": cpu,
+            "cpu_us_per_delivery": cpu / after_first * 1e6 if after_first > 0 else None,
         }
 
 
@@ -138,34 +173,64 @@ async def run_naive(args: argparse.Namespace, progress: _Progress, stop: asyncio
 
     await queue.consume(on_message)
     try:
-        await _wait(progress, stop)
+        await wait_for(progress, stop)
     finally:
         await connection.close()
         await pool.close()
 
 
+@dataclass(frozen=True)
+class NaiveBatchSQL:
+    """The naive batch consumers' effect: one ``unnest`` statement per table for a whole batch, in
+    one transaction (the statements of ``examples/invoices/batches.py``, events inserted directly)."""
+
+    insert_invoices: sql.Composed
+    add_to_customers: sql.Composed
+    insert_events: sql.Composed
+
+    @classmethod
+    def for_schema(cls, schema: str) -> NaiveBatchSQL:
+        return cls(
+            insert_invoices=sql.SQL(
+                "INSERT INTO {} (order_id, revision, customer_id, amount_cents, currency) "
+                "SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::bigint[], %s::text[]) "
+                "RETURNING invoice_id, order_id, revision"
+            ).format(sql.Identifier(schema, "invoices")),
+            add_to_customers=sql.SQL(
+                "INSERT INTO {} AS c (customer_id, invoiced_cents) "
+                "SELECT customer_id, sum(amount) FROM unnest(%s::text[], %s::bigint[]) AS t(customer_id, amount) "
+                "GROUP BY customer_id ORDER BY customer_id "
+                "ON CONFLICT (customer_id) DO UPDATE SET invoiced_cents = c.invoiced_cents + EXCLUDED.invoiced_cents"
+            ).format(sql.Identifier(schema, "customers")),
+            insert_events=sql.SQL(
+                "INSERT INTO {} (event_id, destination, routing_key, message_type, partition_key, payload, headers) "
+                "SELECT e, 'billing.events', 'invoice.created', 'InvoiceCreated', p, b::jsonb, '{{}}'::jsonb "
+                "FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS t(e, p, b)"
+            ).format(sql.Identifier(schema, "outbox")),
+        )
+
+    async def apply(self, conn: Any, msgs: list[dict[str, Any]]) -> None:
+        """The effect of ``msgs`` (decoded bodies) in one transaction on ``conn``."""
+        async with conn.transaction():
+            cur = await conn.execute(self.insert_invoices, (
+                [m["order_id"] for m in msgs], [m["revision"] for m in msgs], [m["customer_id"] for m in msgs],
+                [m["amount_cents"] for m in msgs], [m["currency"] for m in msgs],
+            ))
+            ids = {(o, r): i for i, o, r in await cur.fetchall()}
+            await conn.execute(self.add_to_customers, (
+                [m["customer_id"] for m in msgs], [m["amount_cents"] for m in msgs],
+            ))
+            await conn.execute(self.insert_events, (
+                [uuid.uuid4() for _ in msgs], [m["customer_id"] for m in msgs],
+                [event_payload(ids[m["order_id"], m["revision"]], m) for m in msgs],
+            ))
+
+
 async def run_naive_batch(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
     import aio_pika
-    from psycopg import sql
     from psycopg_pool import AsyncConnectionPool
 
-    schema = sql.Identifier(args.schema, "invoices"), sql.Identifier(args.schema, "customers")
-    insert_invoices = sql.SQL(
-        "INSERT INTO {} (order_id, revision, customer_id, amount_cents, currency) "
-        "SELECT * FROM unnest(%s::bigint[], %s::int[], %s::text[], %s::bigint[], %s::text[]) "
-        "RETURNING invoice_id, order_id, revision"
-    ).format(schema[0])
-    add_to_customers = sql.SQL(
-        "INSERT INTO {} AS c (customer_id, invoiced_cents) "
-        "SELECT customer_id, sum(amount) FROM unnest(%s::text[], %s::bigint[]) AS t(customer_id, amount) "
-        "GROUP BY customer_id ORDER BY customer_id "
-        "ON CONFLICT (customer_id) DO UPDATE SET invoiced_cents = c.invoiced_cents + EXCLUDED.invoiced_cents"
-    ).format(schema[1])
-    insert_events = sql.SQL(
-        "INSERT INTO {} (event_id, destination, routing_key, message_type, partition_key, payload, headers) "
-        "SELECT e, 'billing.events', 'invoice.created', 'InvoiceCreated', p, b::jsonb, '{{}}'::jsonb "
-        "FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS t(e, p, b)"
-    ).format(sql.Identifier(args.schema, "outbox"))
+    statements = NaiveBatchSQL.for_schema(args.schema)
     kwargs: dict[str, Any] = {"autocommit": True}
     if not args.outbox_notify:
         kwargs["options"] = "-c consumer_kit.outbox_notify=off"
@@ -176,47 +241,46 @@ async def run_naive_batch(args: argparse.Namespace, progress: _Progress, stop: a
     connection = await aio_pika.connect_robust(AMQP_URL)
 
     async def apply(batch: list[aio_pika.abc.AbstractIncomingMessage]) -> None:
-        msgs = [json.loads(m.body) for m in batch]
         async with pool.connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(insert_invoices, (
-                    [m["order_id"] for m in msgs], [m["revision"] for m in msgs], [m["customer_id"] for m in msgs],
-                    [m["amount_cents"] for m in msgs], [m["currency"] for m in msgs],
-                ))
-                ids = {(o, r): i for i, o, r in await cur.fetchall()}
-                await conn.execute(add_to_customers, ([m["customer_id"] for m in msgs], [m["amount_cents"] for m in msgs]))
-                await conn.execute(insert_events, (
-                    [uuid.uuid4() for _ in msgs], [m["customer_id"] for m in msgs],
-                    [event_payload(ids[m["order_id"], m["revision"]], m) for m in msgs],
-                ))
+            await statements.apply(conn, [json.loads(m.body) for m in batch])
         await batch[-1].ack(multiple=True)  # the channel's whole batch, one frame
         progress.tick(len(batch))
 
     async def one_channel() -> None:
         # One channel per task: a multiple ack then covers this task's batch and nothing else.
+        # Prefetch two batches: the next one arrives while this one is applied.
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=args.batch)
+        await channel.set_qos(prefetch_count=2 * args.batch)
         queue = await channel.declare_queue(args.queue, passive=True)
         held: list[aio_pika.abc.AbstractIncomingMessage] = []
-        ready = asyncio.Event()
+        ready, full = asyncio.Event(), asyncio.Event()
 
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             held.append(message)
             ready.set()
+            if len(held) >= args.batch:
+                full.set()
 
         await queue.consume(on_message)
+        loop = asyncio.get_running_loop()
         while True:
             await ready.wait()
+            first_at = loop.time()
             if len(held) < args.batch:
-                await asyncio.sleep(args.batch_wait)  # the rest of what arrives together
+                # the rest of what arrives together: until the batch is full, at most batch_wait
+                # after its first message (consumer-kit's Batcher does the same)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(full.wait(), first_at + args.batch_wait - loop.time())
             batch, held[:] = held[: args.batch], held[args.batch:]
+            if len(held) < args.batch:
+                full.clear()
             if not held:
                 ready.clear()
             await apply(batch)
 
     tasks = [asyncio.create_task(one_channel()) for _ in range(args.concurrency)]
     try:
-        await _wait(progress, stop)
+        await wait_for(progress, stop)
     finally:
         for task in tasks:
             task.cancel()
@@ -228,12 +292,12 @@ async def run_naive_batch(args: argparse.Namespace, progress: _Progress, stop: a
 # -- consumer-kit -----------------------------------------------------------------------------
 
 
-def ck_settings(args: argparse.Namespace) -> Any:
+def ck_settings(args: argparse.Namespace, broker_url: str = AMQP_URL) -> Any:
     from consumer_kit import Settings
 
     return Settings(
         database_url=bench_db_url(),
-        broker_url=AMQP_URL,
+        broker_url=broker_url,
         db_schema=args.schema,
         search_path=args.schema,
         concurrency=args.concurrency,
@@ -245,7 +309,8 @@ def ck_settings(args: argparse.Namespace) -> Any:
 
 
 async def run_ck(
-    args: argparse.Namespace, progress: _Progress, stop: asyncio.Event, handler: Any = None
+    args: argparse.Namespace, progress: _Progress, stop: asyncio.Event, handler: Any = None,
+    broker_url: str = AMQP_URL,
 ) -> None:
     """The invoices example's own handler (``examples/invoices/app.py``); its unqualified table
     names resolve to the benchmark schema through ``search_path``."""
@@ -255,16 +320,19 @@ async def run_ck(
 
     app = App("bench-invoices")
     app.subscribe(args.queue, handler or CreateInvoiceHandler())
-    settings = ck_settings(args)
-    # on_report counts each finished delivery as it happens: no polling loop in the measured process
-    worker = Worker(app, settings, on_report=lambda _report: progress.tick())
+    settings = ck_settings(args, broker_url)
+    # No observer: the runtime builds what it builds for a production worker, and the harness
+    # reads its outcome counters off the delivery path (_Progress.sample).
+    worker = Worker(app, settings)
     task = asyncio.create_task(worker.run())
     await worker.started.wait()
     assert worker.runtime is not None
     counters = worker.runtime.counters
+    sampler = asyncio.create_task(progress.sample(lambda: sum(counters.by_outcome.values())))
     try:
-        await _wait(progress, stop, also=task)
+        await wait_for(progress, stop, also=task)
     finally:
+        sampler.cancel()
         worker.stop()
         try:
             await asyncio.wait_for(task, 30)
@@ -275,7 +343,9 @@ async def run_ck(
     print(json.dumps({"counters": counters.snapshot()}), file=sys.stderr)
 
 
-async def run_ck_batch(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+async def run_ck_batch(
+    args: argparse.Namespace, progress: _Progress, stop: asyncio.Event, broker_url: str = AMQP_URL
+) -> None:
     """The batch path: ``BatchCreateInvoiceHandler`` with ``batch_size = --batch``; one report per
     delivery, as on the per-message path."""
     from consumer_kit.demo.batches import BatchCreateInvoiceHandler
@@ -283,7 +353,7 @@ async def run_ck_batch(args: argparse.Namespace, progress: _Progress, stop: asyn
     handler_class = type(
         "BenchBatchHandler", (BatchCreateInvoiceHandler,), {"batch_size": args.batch, "batch_wait": args.batch_wait}
     )
-    await run_ck(args, progress, stop, handler=handler_class())
+    await run_ck(args, progress, stop, handler=handler_class(), broker_url=broker_url)
 
 
 # -- Powertools -------------------------------------------------------------------------------
@@ -354,7 +424,7 @@ async def run_powertools(args: argparse.Namespace, progress: _Progress, stop: as
 
     await queue.consume(on_message)
     try:
-        await _wait(progress, stop)
+        await wait_for(progress, stop)
     finally:
         await connection.close()
         executor.shutdown(wait=False, cancel_futures=True)
@@ -364,7 +434,7 @@ async def run_powertools(args: argparse.Namespace, progress: _Progress, stop: as
 # -- entry point ------------------------------------------------------------------------------
 
 
-async def _wait(progress: _Progress, stop: asyncio.Event, also: asyncio.Task[Any] | None = None) -> None:
+async def wait_for(progress: _Progress, stop: asyncio.Event, also: asyncio.Task[Any] | None = None) -> None:
     waiters = [asyncio.create_task(progress.done.wait()), asyncio.create_task(stop.wait())]
     if also is not None:
         waiters.append(also)  # type: ignore[arg-type]
@@ -373,9 +443,19 @@ async def _wait(progress: _Progress, stop: asyncio.Event, also: asyncio.Task[Any
         w.cancel()
 
 
+def _nats(name: str) -> Any:
+    async def run(args: argparse.Namespace, progress: _Progress, stop: asyncio.Event) -> None:
+        from benchmarks import nats_consumers
+
+        await getattr(nats_consumers, name)(args, progress, stop)
+
+    return run
+
+
 RUNNERS = {
     "naive": run_naive, "ck": run_ck, "powertools": run_powertools, "naive_batch": run_naive_batch,
-    "ck_batch": run_ck_batch,
+    "ck_batch": run_ck_batch, "faststream_nats_batch": _nats("run_faststream_nats_batch"),
+    "ck_nats_batch": _nats("run_ck_nats_batch"),
 }
 
 
@@ -392,10 +472,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         print("ready", flush=True)
         await go.wait()
     timeout = args.timeout
+    # consumer-kit's runners read the runtime's counters (their own sampler); the others tick
+    sampler = None if args.variant.startswith("ck") else asyncio.create_task(progress.sample())
     try:
         await asyncio.wait_for(RUNNERS[args.variant](args, progress, stop), timeout)
     except TimeoutError:
         logger.warning("timed out after %s s with %s of %s", timeout, progress.count, args.expect)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
     return progress.result()
 
 

@@ -1,6 +1,7 @@
 """Client CPU per delivery, A/B between checkouts in one run:
 
-``python -m benchmarks.cpu_ab --tree new=. --tree old=/path/to/other/worktree [--variants ck naive dup]``
+``python -m benchmarks.cpu_ab --tree new=. --tree old=/path/to/other/worktree [--variants ck naive dup]
+[--batch 50]``
 
 Each tree runs ``benchmarks/consumers.py`` with its own ``.venv/bin/python`` and its own working
 directory (an editable install maps ``consumer_kit.adapters`` to that tree's ``adapters/``). Every
@@ -8,7 +9,9 @@ round runs every (tree, variant) pair back to back, order alternating between ro
 fresh schema and queue; the figure is the consumer process's CPU time (``time.process_time``, all
 threads) from its first finished delivery to its last, divided by the deliveries in between: a
 loaded machine changes it far less than it changes msg/s. ``dup`` drains the same messages twice
-on one schema and reports the second drain (every delivery a duplicate).
+on one schema and reports the second drain (every delivery a duplicate). The batch variants
+(``ck_batch``, ``naive_batch``, ``ck_nats_batch``, ``faststream_nats_batch``) take batches of
+``--batch`` (``--batch-wait`` 0.1 s); the NATS ones drain a JetStream stream instead of a queue.
 """
 
 from __future__ import annotations
@@ -27,11 +30,18 @@ from benchmarks.common import declare_and_fill, delete_queues, drop_schema, mess
 
 
 def _drain(
-    tree: Path, variant: str, ids: range, schema: str, concurrency: int, extra_env: dict[str, str]
+    tree: Path, variant: str, ids: range, schema: str, concurrency: int, extra_env: dict[str, str],
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     queue = new_name("ckbq")
+    nats = "nats" in variant
     try:
-        asyncio.run(declare_and_fill(queue, (message_body(i) for i in ids)))
+        if nats:
+            from benchmarks.nats_consumers import fill_stream
+
+            asyncio.run(fill_stream(queue, (message_body(i) for i in ids)))
+        else:
+            asyncio.run(declare_and_fill(queue, (message_body(i) for i in ids)))
         env = dict(os.environ, PYTHONPATH=str(tree), **extra_env)
         proc = subprocess.run(
             [
@@ -49,6 +59,7 @@ def _drain(
                 str(len(ids)),
                 "--timeout",
                 "300",
+                *extra,
             ],
             cwd=tree,
             env=env,
@@ -59,22 +70,33 @@ def _drain(
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             raise RuntimeError(f"{tree} {variant}: rc={proc.returncode} {proc.stderr[-1500:]}")
-        return json.loads(lines[-1])
+        return json.loads(lines[-1])  # type: ignore[no-any-return]
     finally:
-        asyncio.run(delete_queues(queue))
+        if nats:
+            from benchmarks.nats_consumers import delete_stream
+
+            asyncio.run(delete_stream(queue))
+        else:
+            asyncio.run(delete_queues(queue))
 
 
-def one(tree: Path, variant: str, messages: int, concurrency: int, extra_env: dict[str, str]) -> float:
-    """CPU microseconds per delivery of one drain."""
+def one(
+    tree: Path, variant: str, messages: int, concurrency: int, extra_env: dict[str, str], batch: int = 10
+) -> dict[str, Any]:
+    """One drain's result (``cpu_us_per_delivery``, ``rate``; a batch variant with batches of
+    ``batch``)."""
     db = common.ensure_database()
     schema = new_name()
     common.create_schema(db, schema)
     ids = range(1, messages + 1)
+    extra = ("--batch", str(batch), "--batch-wait", "0.1") if variant.endswith("batch") else ()
     try:
-        res = _drain(tree, "ck" if variant == "dup" else variant, ids, schema, concurrency, extra_env)
+        res = _drain(tree, "ck" if variant == "dup" else variant, ids, schema, concurrency, extra_env, extra)
         if variant == "dup":
             res = _drain(tree, "ck", ids, schema, concurrency, extra_env)
-        return res["cpu_seconds"] / max(res["processed"] - 1, 1) * 1e6
+        if res.get("cpu_us_per_delivery") is None:  # a tree with the older harness
+            res["cpu_us_per_delivery"] = res["cpu_seconds"] / max(res["processed"] - 1, 1) * 1e6
+        return res
     finally:
         drop_schema(db, schema)
 
@@ -89,6 +111,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=10, help="batch variants: the batch size")
     args = parser.parse_args()
     trees = [(label, Path(path).resolve()) for label, _, path in (t.partition("=") for t in args.tree)]
     envs: dict[str, dict[str, str]] = {}
@@ -100,9 +123,11 @@ def main() -> None:
     results: dict[tuple[str, str], list[float]] = {(label, v): [] for label, _, v in pairs}
     for r in range(args.rounds):
         for label, tree, v in pairs if r % 2 == 0 else list(reversed(pairs)):
-            us = one(tree, v, args.messages, args.concurrency, envs.get(label, {}))
+            res = one(tree, v, args.messages, args.concurrency, envs.get(label, {}), args.batch)
+            us = res["cpu_us_per_delivery"]
             results[label, v].append(us)
-            print(f"round {r} {label:>10} {v:>6}: {us:7.1f} us/delivery", flush=True)
+            print(f"round {r} {label:>10} {v:>6}: {us:7.1f} us/delivery, {res.get('rate') or 0:7.0f} msg/s "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
     print(
         f"\nmedian CPU us per delivery, {args.messages} messages, concurrency {args.concurrency}, "
         f"{args.rounds} rounds"

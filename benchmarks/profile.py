@@ -75,8 +75,15 @@ def run(variant: str, messages: int, concurrency: int, out: Path, batch: int = 1
     schema, queue = new_name(), new_name("ckbq")
     common.create_schema(db, schema)
     raw = out / f"profile_{variant}.txt"
+    nats = "nats" in variant
     try:
-        asyncio.run(declare_and_fill(queue, (message_body(i) for i in range(1, messages + 1))))
+        bodies = (message_body(i) for i in range(1, messages + 1))
+        if nats:
+            from benchmarks.nats_consumers import fill_stream
+
+            asyncio.run(fill_stream(queue, bodies))
+        else:
+            asyncio.run(declare_and_fill(queue, bodies))
         subprocess.run(
             [pyspy, "record", "-r", "250", "-f", "raw", "-o", str(raw), "--", sys.executable, "-m",
              "benchmarks.consumers", variant, "--queue", queue, "--schema", schema,
@@ -86,7 +93,12 @@ def run(variant: str, messages: int, concurrency: int, out: Path, batch: int = 1
         )
     finally:
         drop_schema(db, schema)
-        asyncio.run(delete_queues(queue))
+        if nats:
+            from benchmarks.nats_consumers import delete_stream
+
+            asyncio.run(delete_stream(queue))
+        else:
+            asyncio.run(delete_queues(queue))
         if variant == "powertools":
             delete_redis_keys(schema)
     text = summarize(raw)

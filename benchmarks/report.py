@@ -69,13 +69,19 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             "consumer-kit = `Worker` + RabbitMQ adapter; Powertools = aio-pika + "
             "`idempotent_function` with the Redis (`CachePersistenceLayer`) store, in a thread pool.",
             "",
-            "| concurrency | naive | consumer-kit | Powertools+Redis | ck / naive | ck / Powertools |",
-            "|---|---|---|---|---|---|",
+            "Client CPU µs per delivery: the consumer process's CPU time (all threads) from its first "
+            "finished delivery to its last, over those deliveries.",
+            "",
+            "| concurrency | naive | consumer-kit | Powertools+Redis | ck / naive | ck / Powertools | "
+            "CPU µs: naive, ck, Powertools |",
+            "|---|---|---|---|---|---|---|",
         ]
         for c, e in idem["by_concurrency"].items():
+            cpu = e.get("cpu_us", {})
             lines.append(
                 f"| {c} | {_ms(e['naive'])} | {_ms(e['ck'])} | {_ms(e['powertools'])} | "
-                f"{_ms(e['ratio_ck_naive'], 2)} | {_ms(e['ratio_ck_powertools'], 2)} |"
+                f"{_ms(e['ratio_ck_naive'], 2)} | {_ms(e['ratio_ck_powertools'], 2)} | "
+                f"{', '.join(_f((cpu.get(v) or {}).get('median')) for v in ('naive', 'ck', 'powertools'))} |"
             )
         errs = [err for e in idem["by_concurrency"].values() for err in e.get("errors", [])]
         if errs:
@@ -89,9 +95,11 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             f"consumer-kit at concurrency {dup['concurrency']}: the same operations sent again "
             "(every delivery finds a completed ledger row).",
             "",
-            "| first execution msg/s | duplicate msg/s | duplicate / first |",
-            "|---|---|---|",
-            f"| {_ms(dup['first_execution'])} | {_ms(dup['duplicate'])} | {_ms(dup['ratio'], 2)} |",
+            "| first execution msg/s | duplicate msg/s | duplicate / first | CPU µs per delivery: first, duplicate |",
+            "|---|---|---|---|",
+            f"| {_ms(dup['first_execution'])} | {_ms(dup['duplicate'])} | {_ms(dup['ratio'], 2)} | "
+            f"{_f((dup.get('cpu_us', {}).get('first_execution') or {}).get('median'))}, "
+            f"{_f((dup.get('cpu_us', {}).get('duplicate') or {}).get('median'))} |",
             "",
         ]
     led = s.get("ledger", {})
@@ -211,8 +219,9 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
             "whose effect did commit, so they will be applied a second time when the record expires |",
             "",
         ]
-    lines += _batch_lines(s.get("batch") or {})
-    from benchmarks import drain_bench, scaleout_bench
+    from benchmarks import batch_bench, drain_bench, scaleout_bench
+
+    lines += batch_bench.report_lines(s)
 
     lines += drain_bench.report_lines(s.get("drain") or {})
     lines += scaleout_bench.report_lines(s)
@@ -231,35 +240,6 @@ def _markdown(results: dict[str, Any], charts: list[str]) -> list[str]:
     return lines
 
 
-def _batch_lines(batch: dict[str, Any]) -> list[str]:
-    """The batch path: msg/s and the two per-round ratios per (concurrency, batch size)."""
-    rows = [k for k, v in batch.items() if isinstance(v, dict) and "ck_batch" in v]
-    if not rows:
-        return []
-    lines = [
-        "## Batches (msg/s)",
-        "",
-        "naive = one message per transaction; naive batch = aio-pika + psycopg, one channel per "
-        "task with prefetch = batch size, the batch's effect as one `unnest` statement per table in "
-        "one transaction, one multiple ack; consumer-kit batches = `Worker` on the batch path with "
-        "`examples/invoices/batches.py` (`handle_batch`, the same `unnest` statements, events through "
-        "`ctx.publish`), one ack per delivery.",
-        "",
-        "| concurrency, batch size | naive | naive batch | consumer-kit batches | ck batches / naive | "
-        "ck batches / naive batch | errors |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for key in rows:
-        e = batch[key]
-        c, b = key.removeprefix("c").split("_b")
-        lines.append(
-            f"| {c}, {b} | {_f(e['naive']['median'])} | {_f(e['naive_batch']['median'])} | "
-            f"{_f(e['ck_batch']['median'])} | {_ratio(e['ratio_ck_batch_naive'])} | "
-            f"{_ratio(e['ratio_ck_batch_naive_batch'])} | {len(e.get('errors', []))} |"
-        )
-    return [*lines, ""]
-
-
 def _ratio(summary: dict[str, Any]) -> str:
     if summary.get("median") is None:
         return "n/a"
@@ -274,11 +254,14 @@ def _median(idem: dict[str, Any], c: str, variant: str) -> float | None:
 def _targets(s: dict[str, Any]) -> list[str]:
     rows: list[str] = []
     idem = s.get("idempotency", {})
-    for c in ("8", "32"):
+    for c in ("1", "8", "32"):
         e = idem.get("by_concurrency", {}).get(c)
         v = e["ratio_ck_naive"]["median"] if e else None
         rows.append(f"| consumer-kit ≥ 0.85 × naive at concurrency {c} | {_f(v, 2)} | "
                     f"{_verdict(v, TARGETS['ck_vs_naive'])} |")
+        v = e["ratio_ck_powertools"]["median"] if e else None
+        rows.append(f"| consumer-kit > 1.0 × Powertools+Redis at concurrency {c} | {_f(v, 2)} | "
+                    f"{_verdict(v, 1.0)} |")
     dup = (idem.get("duplicate") or {}).get("ratio", {}).get("median")
     rows.append(f"| duplicate path ≥ 2 × first execution | {_f(dup, 2)} | {_verdict(dup, 2.0)} |")
     sizes = s.get("ledger", {}).get("sizes", {})
@@ -301,13 +284,9 @@ def _targets(s: dict[str, Any]) -> list[str]:
                     f"{_verdict(p99, 100, higher_is_better=False)} |")
     else:
         rows.append("| relay targets | n/a | not measured |")
-    for key, e in (s.get("batch") or {}).items():
-        if isinstance(e, dict) and "ck_batch" in e and key.startswith("c8_"):
-            v = e["ratio_ck_batch_naive"]["median"]
-            rows.append(f"| consumer-kit batches ≥ 2 × naive one-per-transaction ({key}) | {_f(v, 2)} | {_verdict(v, 2.0)} |")
-        if isinstance(e, dict) and "ck_batch" in e:
-            v = e["ratio_ck_batch_naive_batch"]["median"]
-            rows.append(f"| consumer-kit batches ≥ 0.85 × naive batch ({key}) | {_f(v, 2)} | {_verdict(v, 0.85)} |")
+    from benchmarks import batch_bench
+
+    rows += batch_bench.target_rows(s)
     rss = s.get("memory", {}).get("worker", {}).get("peak_rss_mb")
     rows.append(f"| worker peak RSS ≤ 150 MB at concurrency 64 | {_f(rss, 1)} | "
                 f"{_verdict(rss, 150, higher_is_better=False)} |")

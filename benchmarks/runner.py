@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from benchmarks import common
+from benchmarks import batch_bench, common
 from benchmarks.common import (
     declare_and_fill,
     delete_queues,
@@ -141,8 +141,11 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
     out: dict[str, Any] = {"by_concurrency": {}, "duplicate": {}}
     for c in mode.concurrencies:
         rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
         dup_rates: list[float] = []
         first_rates: list[float] = []
+        dup_cpus: list[float] = []
+        first_cpus: list[float] = []
         errors: list[str] = []
         for r in range(mode.rounds):
             order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
@@ -154,6 +157,7 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
                     res = measure(variant, ids, c, schema=schema)
                     if res.get("rate"):
                         rates[variant].append(res["rate"])
+                        cpus[variant].append(res["cpu_us_per_delivery"])
                     else:
                         errors.append(f"{variant} c={c} round {r}: {res.get('error', '')[:200]}")
                     if variant == "ck" and c == 8 and res.get("rate"):
@@ -162,6 +166,8 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
                         if dup.get("rate"):
                             first_rates.append(res["rate"])
                             dup_rates.append(dup["rate"])
+                            first_cpus.append(res["cpu_us_per_delivery"])
+                            dup_cpus.append(dup["cpu_us_per_delivery"])
                         counts = effect_counts(db_url, schema)
                         if counts["more_than_once"]:
                             errors.append(f"duplicate run applied {counts['more_than_once']} twice")
@@ -171,6 +177,7 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
                     drop_schema(db_url, schema)
             logger.info("c=%s round %s: %s", c, r, {v: rates[v][-1:] for v in VARIANTS})
         entry = {v: summarize(rates[v]) for v in VARIANTS}
+        entry["cpu_us"] = {v: summarize(cpus[v]) for v in VARIANTS}
         n = min(len(rates["ck"]), len(rates["naive"]))
         entry["ratio_ck_naive"] = paired_ratio(rates["ck"][:n], rates["naive"][:n])
         n = min(len(rates["ck"]), len(rates["powertools"]))
@@ -183,52 +190,8 @@ def scenario_idempotency(mode: Mode, db_url: str) -> dict[str, Any]:
                 "first_execution": summarize(first_rates),
                 "duplicate": summarize(dup_rates),
                 "ratio": paired_ratio(dup_rates, first_rates),
+                "cpu_us": {"first_execution": summarize(first_cpus), "duplicate": summarize(dup_cpus)},
             }
-    return out
-
-
-# -- the batch path ------------------------------------------------------------------
-
-BATCH_VARIANTS = ("naive", "naive_batch", "ck_batch")
-BATCH_SIZES = (10, 50)
-BATCH_CONCURRENCIES = (8, 32)
-BATCH_WAIT = 0.1  # seconds, both batch peers: under a backlog a batch of 50 needs it to fill
-
-
-def scenario_batch(mode: Mode, db_url: str) -> dict[str, Any]:
-    """consumer-kit's batch path against the naive one-per-transaction consumer and the naive
-    batch consumer (same batch size), at batch sizes 10 and 50 and concurrency 8 and 32; the
-    three variants of a round back to back, order alternating, ratios per round."""
-    out: dict[str, Any] = {}
-    for c in BATCH_CONCURRENCIES if mode.name != "smoke" else (8,):
-        for size in BATCH_SIZES if mode.name != "smoke" else (10,):
-            rates: dict[str, list[float]] = {v: [] for v in BATCH_VARIANTS}
-            errors: list[str] = []
-            for r in range(mode.rounds):
-                order = list(BATCH_VARIANTS) if r % 2 == 0 else list(reversed(BATCH_VARIANTS))
-                for variant in order:
-                    schema = new_name()
-                    common.create_schema(db_url, schema)
-                    try:
-                        extra = ("--batch", str(size), "--batch-wait", str(BATCH_WAIT)) if variant != "naive" else ()
-                        res = measure(variant, range(1, mode.messages + 1), c, schema=schema, extra=extra)
-                        if res.get("rate"):
-                            rates[variant].append(res["rate"])
-                        else:
-                            errors.append(f"{variant} c={c} b={size} round {r}: {res.get('error', '')[:200]}")
-                        counts = effect_counts(db_url, schema)
-                        if counts["more_than_once"] or (res.get("rate") and counts["once"] != mode.messages):
-                            errors.append(f"{variant} c={c} b={size} round {r}: effects {counts}")
-                    finally:
-                        drop_schema(db_url, schema)
-                logger.info("batch c=%s b=%s round %s: %s", c, size, r, {v: rates[v][-1:] for v in BATCH_VARIANTS})
-            entry: dict[str, Any] = {v: summarize(rates[v]) for v in BATCH_VARIANTS}
-            n = min(len(rates["ck_batch"]), len(rates["naive"]))
-            entry["ratio_ck_batch_naive"] = paired_ratio(rates["ck_batch"][:n], rates["naive"][:n])
-            n = min(len(rates["ck_batch"]), len(rates["naive_batch"]))
-            entry["ratio_ck_batch_naive_batch"] = paired_ratio(rates["ck_batch"][:n], rates["naive_batch"][:n])
-            entry["errors"] = errors
-            out[f"c{c}_b{size}"] = entry
     return out
 
 
@@ -581,7 +544,8 @@ def run_all(mode_name: str, only: set[str] | None = None) -> dict[str, Any]:
         ("pgbench", lambda: scenario_pgbench(mode, db_url)),
         ("memory", lambda: scenario_memory(mode, db_url)),
         ("crash", lambda: scenario_crash(mode, db_url)),
-        ("batch", lambda: scenario_batch(mode, db_url)),
+        ("batch", lambda: batch_bench.scenario_batch(mode, db_url, measure)),
+        ("nats_batch", lambda: batch_bench.scenario_nats_batch(mode, db_url, run_consumer)),
     ]
     if mode.relay:
         steps.append(("relay", lambda: scenario_relay(mode)))

@@ -85,6 +85,12 @@ def normalize_key(raw: object, *, what: str = "operation key", max_bytes: int = 
         )
     if len(raw) > 4 * max_bytes:  # spare NFC a huge string: it cannot come back short enough
         raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, _too_long(what, utf8_bytes(raw), max_bytes))
+    if raw.isascii() and raw.isprintable():  # the common key: its own NFC form, no Cc, no Cs, 1 byte a character
+        if not raw.strip():
+            raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is blank")
+        if len(raw) > max_bytes:
+            raise InvalidMessage(DeadLetterReason.INVALID_OPERATION_KEY, _too_long(what, len(raw), max_bytes))
+        return raw
     key = unicodedata.normalize("NFC", raw)
     if not key.strip():
         raise InvalidMessage(DeadLetterReason.MISSING_OPERATION_KEY, f"{what} is blank")
@@ -167,6 +173,16 @@ def fingerprint_of(projection: Any) -> str:
 
 
 def _emit(value: Any, out: list[str]) -> None:
+    # The common exact types first (a bool is not an int here, a StrEnum not a str: type() is).
+    kind = type(value)
+    if kind is str:
+        out.append(_json_string(unicodedata.normalize("NFC", value)))
+        return
+    if kind is int:
+        if value.bit_length() > _MAX_INT_BITS:
+            raise UnsupportedNumber(f"an integer of more than {MAX_NUMBER_DIGITS} digits")
+        out.append(str(value))
+        return
     if value is None or isinstance(value, bool):
         out.append("null" if value is None else ("true" if value else "false"))
     elif isinstance(value, enum.Enum):
@@ -180,7 +196,7 @@ def _emit(value: Any, out: list[str]) -> None:
     elif isinstance(value, decimal.Decimal):
         out.append(_number_from_decimal(value))
     elif isinstance(value, str):
-        out.append(json.dumps(unicodedata.normalize("NFC", value), ensure_ascii=False))
+        out.append(_json_string(unicodedata.normalize("NFC", value)))
     elif isinstance(value, BaseModel):
         _emit(value.model_dump(mode="python"), out)
     elif isinstance(value, Mapping):
@@ -195,7 +211,7 @@ def _emit(value: Any, out: list[str]) -> None:
         for i, (k, v) in enumerate(items):
             if i:
                 out.append(",")
-            out.append(json.dumps(k, ensure_ascii=False))
+            out.append(_json_string(k))
             out.append(":")
             _emit(v, out)
         out.append("}")
@@ -217,6 +233,9 @@ def _emit(value: Any, out: list[str]) -> None:
         out.append(json.dumps(base64.b64encode(value).decode("ascii")))
     else:
         raise TypeError(f"cannot fingerprint a value of type {type(value).__name__}")
+
+
+_json_string = json.encoder.encode_basestring  # what json.dumps(s, ensure_ascii=False) returns, without an encoder per call
 
 
 def _emit_sequence(values: Any, out: list[str]) -> None:

@@ -16,7 +16,7 @@ from psycopg import AsyncConnection, sql
 
 from consumer_kit.model.events import OutboxEvent, PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.telemetry.tracing import inject_into
+from consumer_kit.telemetry.trace_context import inject_into
 
 NOTIFY_CHANNEL_SUFFIX = "_outbox"
 
@@ -201,7 +201,7 @@ def pending_event(
             )
     stored = dict(headers)
     inject_into(stored)  # the current trace context: the relay's publish span continues it
-    encoded_headers = json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
+    encoded_headers = _compact(stored) if stored else "{}"
     size = len(encoded_headers.encode("utf-8"))
     if size > MAX_EVENT_HEADERS_BYTES:
         raise ValueError(
@@ -215,9 +215,13 @@ def pending_event(
         routing_key=routing_key,
         message_type=message_type,
         partition_key=partition_key,
-        payload=json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
+        payload=_compact(payload),
         headers=encoded_headers,
     )
+
+
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` without an encoder made per call."""
 
 
 def events_cte(schema: str) -> sql.Composed:

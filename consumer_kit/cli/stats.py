@@ -33,7 +33,8 @@ from consumer_kit.settings import OutboxSettings
 
 COLUMNS = (
     ("executed", "executed"), ("lease_recovered", "recovered"), ("failed", "failed"),
-    ("retries", "retries"), ("contentions", "contentions"), ("crashes", "crashes"),
+    ("retries", "retries"), ("contentions", "contentions"), ("contentions_in_place", "retried in place"),
+    ("crashes", "crashes"),
     ("crashed_worker", "parked (crash)"), ("processing", "processing"), ("expired_leases", "stuck"),
     ("needs_reconciliation", "reconcile"), ("resolved", "resolved"),
 )

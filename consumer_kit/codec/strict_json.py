@@ -70,13 +70,7 @@ def loads(body: bytes) -> Any:
             DeadLetterReason.INVALID_JSON, f"body is not UTF-8 (byte {exc.start}; RFC 8259 8.1)"
         ) from None
     try:
-        value = json.loads(
-            text,
-            parse_constant=_refuse_constant,
-            parse_int=_parse_int,
-            parse_float=_parse_float,
-            object_pairs_hook=_unique_object,
-        )
+        value = _DECODER.decode(text)
     except _Refused as exc:
         raise InvalidMessage(exc.reason, exc.detail) from None
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -133,6 +127,12 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                 DeadLetterReason.INVALID_JSON, "an object repeats a key once keys are NFC-normalised"
             )
     return result
+
+
+# One decoder for every body (json.loads with these hooks would build one per call).
+_DECODER = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float, object_pairs_hook=_unique_object,
+)
 
 
 def _has_lone_surrogate(value: Any) -> bool:

@@ -102,7 +102,10 @@ class Idempotency:
         self._pipeline = self._pipeline_on(self._pool)
 
     async def close(self) -> None:
-        """Close the pool this object opened (a pool given to it stays open)."""
+        """Close the pool this object opened (a pool given to it stays open), once the requests
+        answered before their transaction's end have ended it."""
+        if self._pipeline is not None:
+            await self._pipeline.close()
         if self._owns_pool and self._pool is not None:
             await self._pool.close()
             self._pool = None

@@ -97,6 +97,7 @@ from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
@@ -136,11 +137,13 @@ class EndpointSpec:
 @dataclass(frozen=True)
 class _Answer:
     """What the transaction decided: the ``response``, whether to COMMIT, whether the endpoint
-    ran to a stored outcome (``executed``)."""
+    ran to a stored outcome (``executed``), whether the transaction wrote anything (not when an
+    existing row answered: its end then does not hold the response back)."""
 
     response: Response
     commit: bool
     executed: bool = False
+    wrote: bool = True
 
 
 class RequestPipeline:
@@ -171,6 +174,12 @@ class RequestPipeline:
         self.client = client
         self.worker_id = worker_id
         self.operations = Operations(settings, worker_id)
+        self.early = EarlyAnswers(pool, settings.statement_timeout)
+
+    async def close(self) -> None:
+        """Wait until the transactions of replays answered before their end have ended (before
+        the pool closes)."""
+        await self.early.wait()
 
     async def respond(
         self, request: Request, endpoint: EndpointSpec, call: Callable[[], Awaitable[Response]]
@@ -231,29 +240,46 @@ class RequestPipeline:
     ) -> Response:
         """BEGIN, claim and run, COMMIT with the session reset (or ROLLBACK); the crash point
         between the COMMIT and the response."""
-        timeout = self.settings.statement_timeout
         for _ in range(self.pool.max_size + 1):
-            async with self.pool.connection() as conn:
-                try:
-                    await begin(conn, timeout)
-                except StaleConnection:
-                    continue  # a connection that died in the pool: not this request's fault
-                try:
-                    answer = await self._claim_and_run(conn, identity, client, endpoint, parts, call)
-                except BaseException:
-                    await rollback(conn, timeout)
-                    raise
-                if answer.commit:
-                    await commit(conn, timeout, reset=True)
-                else:
-                    await rollback(conn, timeout)
-                break
+            try:
+                answer = await self.early.on_connection(
+                    lambda conn: self._ended(conn, identity, client, endpoint, parts, call)
+                )
+            except StaleConnection:
+                continue  # a connection that died in the pool: not this request's fault
+            break
         else:
             raise StatementTimeout("no live pooled connection")
         if answer.executed:
             crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_RESPONSE)
             logger.debug("committed scope=%s key_digest=%s", identity.scope, key_digest(identity.key))
         return answer.response
+
+    async def _ended(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        identity: OperationIdentity,
+        client: str,
+        endpoint: EndpointSpec,
+        parts: RequestParts,
+        call: Callable[[], Awaitable[Response]],
+    ) -> tuple[_Answer, bool]:
+        """BEGIN, claim and run, then COMMIT or ROLLBACK; the answer, and whether the transaction
+        is still open (a replay wrote nothing: it ends later, the response goes at once)."""
+        timeout = self.settings.statement_timeout
+        await begin(conn, timeout)
+        try:
+            answer = await self._claim_and_run(conn, identity, client, endpoint, parts, call)
+        except BaseException:
+            await rollback(conn, timeout)
+            raise
+        if not answer.wrote:
+            return answer, True
+        if answer.commit:
+            await commit(conn, timeout, reset=True)
+        else:
+            await rollback(conn, timeout)
+        return answer, False
 
     async def _claim_and_run(
         self,
@@ -270,7 +296,7 @@ class RequestPipeline:
         )
         if isinstance(claim, Verdict):  # step 5
             if claim.kind is not VerdictKind.LEASE_RECOVERABLE:
-                return _Answer(answer(claim, identity, self.policy), commit=False)
+                return _Answer(answer(claim, identity, self.policy), commit=False, wrote=False)
             # A claim the endpoint committed itself, whose process died before it could park it:
             # park it now, in this transaction, so that the gauges and `ledger list` (which read
             # watched rows only, ledger migration 5) see it.

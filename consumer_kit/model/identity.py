@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -16,8 +17,8 @@ class OperationIdentity:
     fingerprint: str
     projection_version: int
 
-    @property
-    def scope(self) -> str:
+    @functools.cached_property
+    def scope(self) -> str:  # read several times per delivery: made once (the fields never change)
         return make_scope(self.tenant, self.operation_type, self.version)
 
 

@@ -27,6 +27,9 @@ payload_conflicts    ``outcome_counts``: same key, different payload, dead-lette
 in_progress          ``outcome_counts``: deliveries that met another worker's live lease, retried later
 uncertain            ``outcome_counts``: COMMIT without a reply, left for the redelivery to read
 key_expired          ``outcome_counts``: refused as older than their key retention, dead-lettered
+contentions_in_place ``outcome_counts`` (``contended_in_place``): deliveries rolled back for a
+                     deadlock, lock timeout or serialization failure and run again in place (a
+                     batch counts each of its deliveries); ``contentions`` are those given back
 outbox               pending (capped), oldest pending age, parked; published within the window and
                      commit-to-publish latency (``published_at - created_at``: avg, p50, p95, max)
 ===================  =================================================================================
@@ -120,7 +123,7 @@ _OUTBOX_LAG = """
 # outcome_counts outcomes -> OperationStats fields (the ones the ledger has no row for)
 _COUNTED = {
     "duplicate": "duplicates", "payload_conflict": "payload_conflicts", "in_progress": "in_progress",
-    "uncertain": "uncertain", "key_expired": "key_expired",
+    "uncertain": "uncertain", "key_expired": "key_expired", "contended_in_place": "contentions_in_place",
 }
 
 # attempts.history kinds -> OperationStats fields
@@ -172,6 +175,7 @@ class OperationStats:
     in_progress: int = 0
     uncertain: int = 0
     key_expired: int = 0
+    contentions_in_place: int = 0
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,18 @@ the one connection, **one completion statement** for all of them with all their 
 Per-item outcomes without a savepoint per item (two round trips each on the common path): when an
 item's handler raises, the whole transaction rolls back and the batch runs again **without that
 item**; the item is handed back to the caller, which runs it on its own, on the per-delivery path,
-after the batch (where its fault is classified and counted, its permanent failure recorded, its
-contention retried: exactly as if it had come alone). So the others lose neither their effect nor an
-attempt: a rolled-back run of theirs is never counted. An item that is not the batch's to answer
-(an expired lease, a row that vanished, a second delivery of a key already in the batch, every
-item when the claim's lock wait ran out) is handed back the same way. An environment fault
-propagates: the caller gives the whole batch back uncounted.
+after the batch (where its fault is classified and counted, its permanent failure recorded:
+exactly as if it had come alone). So the others lose neither their effect nor an attempt: a
+rolled-back run of theirs is never counted, and an error that follows one item (its own statement
+over ``temp_file_limit``) is that item's alone. An item that is not the batch's to answer (an
+expired lease, a row that vanished, a second delivery of a key already in the batch, every item
+when the claim's lock wait ran out) is handed back the same way. Two faults are the batch's, not an
+item's. An environment fault propagates: the caller gives the whole batch back uncounted.
+Contention (a deadlock, serialization failure or lock timeout in an item's handler) hands every
+item back: a rerun of the rest at once, in a new transaction and in the same order, would meet the
+same locks (two batches that lock rows in opposite orders deadlock again and again, each time
+after ``deadlock_timeout``); one by one, each item holds only its own locks, and the per-delivery
+path retries its contention in place with jitter, then through the broker, counted.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.operation import Operations
 from consumer_kit.pipeline.transaction import (
@@ -75,11 +82,13 @@ class BatchItem:
 
 @dataclass
 class BatchOutcome:
-    """What the batch decided: a verdict per item it answered, and the items handed back to be
-    run on their own (in delivery order), after the batch's COMMIT."""
+    """What the batch decided: a verdict per item it answered, the items handed back to be run
+    on their own (in delivery order), after the batch's COMMIT, and the contention that rolled
+    the batch back, if one did (its items are then all handed back)."""
 
     verdicts: dict[int, Verdict] = field(default_factory=dict)  # id(item) -> verdict
     alone: list[BatchItem] = field(default_factory=list)
+    contention: BaseException | None = None  # the batch rolled back for it: every item runs alone
 
 
 class _ItemFailed(Exception):
@@ -100,6 +109,10 @@ class _AtOnceFailed(Exception):
         self.cause = cause
 
 
+class _ClaimWaited(Exception):
+    """The batch's claim waited ``lock_timeout`` on a concurrent claimer of one of its keys."""
+
+
 class _BatchEnded(Exception):
     """A handler ended the batch's transaction (rolled back since): park what it had claimed."""
 
@@ -117,10 +130,13 @@ class BatchPath:
         operations: the state machine.
     """
 
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings, operations: Operations) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool, settings: Settings, operations: Operations, early: EarlyAnswers
+    ) -> None:
         self.pool = pool
         self.settings = settings
         self.operations = operations
+        self.early = early
 
     async def execute(self, items: Sequence[BatchItem]) -> BatchOutcome:
         """Run ``items`` (not redelivered, handlers without external effects) as one transaction,
@@ -144,15 +160,21 @@ class BatchPath:
         while pending:
             try:
                 answered = await self._on_a_connection(pending, at_once)
-            except _AtOnceFailed as failed:
-                if classify(failed.cause) is FaultKind.ENVIRONMENT:
+            except (_AtOnceFailed, _ItemFailed) as failed:
+                kind = classify(failed.cause)
+                if kind is FaultKind.ENVIRONMENT:
                     raise failed.cause from None
-                logger.info("handle_batch of %s items failed (%s): running them one by one", len(pending), failed)
-                at_once = False
-                continue
-            except _ItemFailed as failed:
-                if classify(failed.cause) is FaultKind.ENVIRONMENT:
-                    raise failed.cause from None
+                if kind is FaultKind.CONTENTION:
+                    # The batch's, not an item's: rerun without the item that met the lock, the
+                    # rest would meet it again. One by one, each item's transaction holds only its
+                    # own locks and meets contention with the per-delivery path's backoff.
+                    outcome.contention = failed.cause
+                    outcome.alone.extend(pending)
+                    break
+                if isinstance(failed, _AtOnceFailed):
+                    logger.info("handle_batch of %s items failed (%s): running them one by one", len(pending), failed)
+                    at_once = False
+                    continue
                 logger.info(
                     "batch item message_id=%s operation_key=%s failed (%s): running the rest of the batch "
                     "without it", failed.item.delivery.message_id, failed.item.decoded.identity.key, failed,
@@ -160,7 +182,7 @@ class BatchPath:
                 pending.remove(failed.item)
                 outcome.alone.append(failed.item)
                 continue
-            except pg_errors.LockNotAvailable:
+            except _ClaimWaited:
                 # A concurrent claimer held one of the keys past lock_timeout; which one cannot
                 # be told, so each item claims on its own (and waits, or answers in_progress).
                 outcome.alone.extend(pending)
@@ -177,26 +199,30 @@ class BatchPath:
 
     async def _on_a_connection(self, pending: list[BatchItem], at_once: bool) -> list[tuple[BatchItem, Verdict | None]]:
         for _ in range(self.pool.max_size + 1):
-            async with self.pool.connection() as conn:
-                try:
-                    return await self._transaction(conn, pending, at_once)
-                except StaleConnection:
-                    continue  # a connection that died in the pool: not this batch's fault
-                except _BatchEnded as ended:
-                    return await self._park(pending, ended.claimed, str(ended))
+            try:
+                # a batch that claimed nothing is answered before its transaction ends
+                return await self.early.on_connection(lambda conn: self._transaction(conn, pending, at_once))
+            except StaleConnection:
+                continue  # a connection that died in the pool: not this batch's fault
+            except _BatchEnded as ended:
+                return await self._park(pending, ended.claimed, str(ended))
         raise psycopg.OperationalError("no live pooled connection for the batch")
 
     async def _transaction(
         self, conn: psycopg.AsyncConnection[Any], pending: list[BatchItem], at_once: bool
-    ) -> list[tuple[BatchItem, Verdict | None]]:
+    ) -> tuple[list[tuple[BatchItem, Verdict | None]], bool]:
         """BEGIN, claim all, run the new ones, complete all, COMMIT; ROLLBACK on any exception.
-        ``None`` for an item: run it on its own after the batch."""
+        ``None`` for an item: run it on its own after the batch. With it, whether the transaction
+        is still open: it claimed nothing (every row already existed), so wrote nothing, and its
+        end does not hold the answers back."""
         timeout = self.settings.statement_timeout
         try:
-            answered = await self._claim_and_run(conn, pending, at_once)
+            answered, claimed = await self._claim_and_run(conn, pending, at_once)
         except BaseException:
             await rollback(conn, timeout)
             raise
+        if not claimed:
+            return answered, True
         ran = any(isinstance(v, Verdict) and v.kind is VerdictKind.EXECUTED for _, v in answered)
         try:
             with step("consumer_kit.commit", "batch"):
@@ -204,21 +230,25 @@ class BatchPath:
         except CommitUncertain as exc:
             # Never ack what may not be durable; the redeliveries read the truth from the ledger.
             uncertain = Verdict(VerdictKind.UNCERTAIN, why="commit_outcome_unknown", detail=describe_error(exc.__cause__ or exc))
-            return [(item, uncertain if v is not None and v.kind is VerdictKind.EXECUTED else v) for item, v in answered]
+            return [(item, uncertain if v is not None and v.kind is VerdictKind.EXECUTED else v) for item, v in answered], False
         if ran:
             crashpoints.reached(CrashPoint.AFTER_COMMIT_BEFORE_ACK)
-        return answered
+        return answered, False
 
     async def _claim_and_run(
         self, conn: psycopg.AsyncConnection[Any], pending: list[BatchItem], at_once: bool
-    ) -> list[tuple[BatchItem, Verdict | None]]:
+    ) -> tuple[list[tuple[BatchItem, Verdict | None]], bool]:
+        """The answers, and whether the claim inserted any row (claimed an operation)."""
         with step("consumer_kit.claim", "batch", histogram="claim"):
             # BEGIN goes with the claim (one round trip); StaleConnection: take another one
-            xid, found = await begin_and_claim(conn, self.operations.claim_many(
-                conn,
-                [(i.decoded.identity, message_intent(i.decoded), i.envelope.message_id, i.decoded.handler.retention)
-                 for i in pending],
-            ))
+            try:
+                xid, found = await begin_and_claim(conn, self.operations.claim_many(
+                    conn,
+                    [(i.decoded.identity, message_intent(i.decoded), i.envelope.message_id, i.decoded.handler.retention)
+                     for i in pending],
+                ))
+            except pg_errors.LockNotAvailable as exc:  # the claim's own wait: not contention of the batch
+                raise _ClaimWaited from exc
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         answered: list[tuple[BatchItem, Verdict | None]] = []
         claimed: list[BatchItem] = []
@@ -243,7 +273,7 @@ class BatchPath:
                 raise _BatchEnded(str(exc), claimed) from None
             done = dict(zip((id(i) for i in claimed), executed, strict=True))
             answered.extend((item, done[id(item)]) for item in claimed)
-        return answered
+        return answered, xid is not None
 
     async def _run_handlers(
         self, conn: psycopg.AsyncConnection[Any], claimed: list[BatchItem], at_once: bool

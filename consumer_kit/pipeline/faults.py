@@ -16,14 +16,24 @@ contention     lock timeout 55P03, deadlock 40P01,             roll back, retry 
                serialization failure 40001                     counted apart (``max_contentions``)
 environment    database unreachable or shutting down (class    give the delivery back uncounted,
                08, 57P01-57P05), read-only (25006), too many   pause consuming, probe, resume
-               connections / out of resources (class 53),
-               pool exhausted, a framework statement that
-               did not answer in time
+               connections (53300), disk full (53100), a
+               system error (class 58), pool exhausted, a
+               framework statement that did not answer in time
 =============  ==============================================  ==================================
 
 A unique violation (23505) stays a handler fault: it is usually a race with another operation,
 which a retry resolves. A foreign-key violation (23503) likewise: the parent row may be written
 by a message that has not arrived yet.
+
+**Who caused it decides, not the class alone.** SQLSTATE class 53 (insufficient resources) holds
+both kinds. A full disk and a server out of connections are the environment's. The rest of the
+class (``53400`` a statement's temporary files over ``temp_file_limit``, ``53200`` out of memory,
+``53000``) is raised for one statement, so it follows the delivery that sent it: a handler fault,
+counted. What tells the two apart is the next write: counting the attempt is a write of its own,
+on another connection, right after the failure (``Runtime`` does it for every handler fault), and
+a count that cannot be written because the database is unavailable gives the delivery back
+uncounted and pauses the worker, as any environment fault does. On the batch path the item whose
+statement failed runs on its own (docs/how-to/batches.md): its batch-mates never share its fate.
 """
 
 from __future__ import annotations
@@ -48,9 +58,10 @@ class FaultKind(enum.StrEnum):
 _DETERMINISTIC = frozenset({"23502", "23514"})
 _CONTENTION = frozenset({"55P03", "40P01", "40001"})
 # 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, 57P04 database_dropped,
-# 57P05 idle_session_timeout; 25006 read_only_sql_transaction; 25P04 transaction_timeout.
-_ENVIRONMENT = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05", "25006"})
-_ENVIRONMENT_CLASSES = ("08", "53", "58")  # connection exception, insufficient resources, system error
+# 57P05 idle_session_timeout; 25006 read_only_sql_transaction; 53100 disk_full, 53300
+# too_many_connections (the rest of class 53 follows one statement: module docstring).
+_ENVIRONMENT = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05", "25006", "53100", "53300"})
+_ENVIRONMENT_CLASSES = ("08", "58")  # connection exception, system error
 
 
 def classify(exc: BaseException) -> FaultKind:

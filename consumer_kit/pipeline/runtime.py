@@ -41,7 +41,7 @@ from consumer_kit.broker import Delivery, Settlement, ack_all
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.pool import open_pool
 from consumer_kit.errors import GiveBack, InvalidMessage, SimulatedCrash
-from consumer_kit.ledger import AttemptBook, AttemptCounts
+from consumer_kit.ledger import AttemptBook
 from consumer_kit.model.decision import Decision
 from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
@@ -51,12 +51,14 @@ from consumer_kit.pipeline.batch import BatchItem, BatchOutcome, BatchPath
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
 from consumer_kit.pipeline.decoding import decode
-from consumer_kit.pipeline.fault_policy import Action, FaultDecision, FaultLimits, fault_decision
+from consumer_kit.pipeline.early_answers import EarlyAnswers
+from consumer_kit.pipeline.fault_costs import FaultCosts
+from consumer_kit.pipeline.fault_policy import Action, fault_decision
 from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.isolation import Isolation
 from consumer_kit.pipeline.leased import LeasedPath
 from consumer_kit.pipeline.operation import Operations
-from consumer_kit.pipeline.settlement import decision_for, decision_for_fault, settle
+from consumer_kit.pipeline.settlement import decision_for, settle
 from consumer_kit.pipeline.transaction import on_own_connection
 from consumer_kit.pipeline.transactional import TransactionalPath, message_intent
 from consumer_kit.settings import Settings
@@ -65,7 +67,6 @@ from consumer_kit.telemetry import (
     OutcomeCounters,
     delivery_span,
     describe_error,
-    describe_traceback,
     messaging_system,
     record,
 )
@@ -139,12 +140,14 @@ class Runtime:
         self.messaging_system = messaging_system(settings.broker_url)  # the spans' messaging.system
         self.operations = Operations(settings, self.worker_id)
         self.attempts = AttemptBook(settings.db_schema, self.worker_id)
+        self.faults = FaultCosts(pool, settings, self.attempts, self.counters, hooks.on_environment_fault)
         self.isolation = Isolation(
-            pool, settings, self.attempts, self.admission, run=self._run, released=self._released_for_environment,
+            pool, settings, self.attempts, self.admission, run=self._run, released=self.faults.released_for_environment,
         )
-        self.transactional = TransactionalPath(pool, settings, self.operations)
+        self.early_answers = EarlyAnswers(pool, settings.statement_timeout)
+        self.transactional = TransactionalPath(pool, settings, self.operations, self.early_answers)
         self.leased = LeasedPath(pool, settings, self.operations)
-        self.batch = BatchPath(pool, settings, self.operations)
+        self.batch = BatchPath(pool, settings, self.operations, self.early_answers)
 
     async def process(self, delivery: Delivery) -> DeliveryReport:
         """Run one delivery through the pipeline and settle it. Never raises except
@@ -160,7 +163,7 @@ class Runtime:
                 except (InvalidMessage, SimulatedCrash):
                     raise
                 except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
-                    decision = self._after_hook_fault(delivery, exc)
+                    decision = self.faults.after_hook_fault(delivery, exc)
                 else:
                     span.decoded(decoded, envelope)
                     decision = await self.isolation.run(delivery, decoded, envelope)  # 2. isolate, 3. run
@@ -209,7 +212,7 @@ class Runtime:
                     decisions[id(delivery)] = _invalid(exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
-                    decisions[id(delivery)] = self._after_hook_fault(delivery, exc)
+                    decisions[id(delivery)] = self.faults.after_hook_fault(delivery, exc)
                     continue
                 notes.decoded(decoded, envelope)
                 decoded_of[id(delivery)] = decoded
@@ -253,6 +256,12 @@ class Runtime:
             reports.append(report)
         return reports
 
+    async def close(self) -> None:
+        """Wait until the transactions of deliveries answered before their end have ended and
+        their connections are back (:mod:`consumer_kit.pipeline.early_answers`): before the pool
+        closes."""
+        await self.early_answers.wait()
+
     async def flush_markers(self) -> None:
         """Clear the run-alone markers an unavailable database kept this process from clearing
         (see :meth:`Isolation.flush_markers`); the worker calls it before it resumes."""
@@ -277,10 +286,11 @@ class Runtime:
                 raise  # a handler may declare its input invalid: dead-lettered by process()
             except Exception as exc:  # noqa: BLE001 - classified below (DESIGN "Faults and attempts")
                 kind = classify(exc)
-                decided = fault_decision(kind, self._limits(), retried_in_place=retried, jitter=random.random())
+                decided = fault_decision(kind, self.faults.limits, retried_in_place=retried, jitter=random.random())
                 if decided.action is not Action.RETRY_IN_PLACE:
-                    return await self._after_fault(delivery, decoded, exc, kind, retried)
+                    return await self.faults.after_fault(delivery, decoded, exc, kind, retried)
                 retried += 1
+                self.faults.retried_in_place([(delivery, decoded)], exc, f"again in {decided.delay * 1000:.0f} ms")
                 await asyncio.sleep(decided.delay)
 
     async def _isolated(self, item: BatchItem) -> dict[int, Decision]:
@@ -310,13 +320,17 @@ class Runtime:
         try:
             outcome = await self.batch.execute(items)
         except Exception as exc:  # noqa: BLE001 - classified below
-            if classify(exc) is FaultKind.ENVIRONMENT:
-                released = self._released_for_environment(exc)  # the whole batch, uncounted
+            kind = classify(exc)
+            if kind is FaultKind.ENVIRONMENT:
+                released = self.faults.released_for_environment(exc)  # the whole batch, uncounted
                 return {id(item.delivery): released for item in items}
-            # A fault of no single item (the claim or the COMMIT refused): nothing of the batch
-            # committed; each item runs on its own and meets its own fault there.
+            # A fault of no single item (the claim, the completion or the COMMIT refused, a
+            # deadlock or serialization failure there): nothing of the batch committed; each item
+            # runs on its own and meets its own fault there.
             logger.warning("batch of %s failed (%s): running its deliveries one by one", len(items), describe_error(exc))
-            outcome = BatchOutcome(alone=list(items))
+            outcome = BatchOutcome(alone=list(items), contention=exc if kind is FaultKind.CONTENTION else None)
+        if outcome.contention is not None:
+            self.faults.retried_in_place([(i.delivery, i.decoded) for i in outcome.alone], outcome.contention)
         decisions = {id(item.delivery): self._decided(outcome.verdicts[id(item)]) for item in items if id(item) in outcome.verdicts}
         for item in outcome.alone:
             with as_current(item.trace):
@@ -328,7 +342,7 @@ class Runtime:
 
     def _decided(self, verdict: Verdict) -> Decision:
         if verdict.kind is VerdictKind.UNCERTAIN:
-            self._environment_fault(f"COMMIT outcome unknown ({verdict.detail})")
+            self.faults.environment_fault(f"COMMIT outcome unknown ({verdict.detail})")
         elif verdict.why == "projection_unknown":
             row = verdict.deciding_row
             logger.warning(
@@ -363,114 +377,6 @@ class Runtime:
                 identity.scope, identity.key, delivery.message_id, decoded.operation_time,
             )
         return verdict
-
-    # -- what a fault costs ------------------------------------------------------------------------
-
-    async def _after_fault(
-        self, delivery: Delivery, decoded: Decoded, exc: Exception, kind: FaultKind, retried: int
-    ) -> Decision:
-        described, error_class = describe_error(exc), type(exc).__name__
-        # The exception's own text can quote business values: the traceback is frames only.
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("fault traceback message_id=%s\n%s", delivery.message_id, describe_traceback(exc))
-        if kind is FaultKind.ENVIRONMENT:
-            return self._released_for_environment(exc)
-        decided = fault_decision(kind, self._limits(), retried_in_place=retried)
-        if decided.action is Action.COUNT:
-            counts = await self._count(delivery, decoded, kind, described)
-            if isinstance(counts, Decision):
-                return counts
-            decided = fault_decision(
-                kind, self._limits(), retried_in_place=retried, failures=counts.failures,
-                contentions=counts.contentions, jitter=random.random(),
-            )
-        self._log_fault(delivery, decoded, kind, decided, described)
-        return decision_for_fault(kind, decided, error_class, described)
-
-    async def _count(
-        self, delivery: Delivery, decoded: Decoded, kind: FaultKind, described: str
-    ) -> AttemptCounts | Decision:
-        """Count this attempt in the ledger (a fault or a contention). A database that is down
-        releases the delivery; any other failure falls back to the broker's count, loudly."""
-        identity = decoded.identity
-        count = self.attempts.count_contention if kind is FaultKind.CONTENTION else self.attempts.count_failure
-        try:
-            return await on_own_connection(
-                self.pool, self.settings.statement_timeout,
-                lambda conn: count(
-                    conn, identity, message_id=delivery.message_id, delivery_count=delivery.delivery_count,
-                    detail=described,
-                ),
-                "the attempt count",
-            )
-        except Exception as book_exc:  # noqa: BLE001 - classified below
-            if classify(book_exc) is FaultKind.ENVIRONMENT:
-                return self._released_for_environment(book_exc)
-            # Not an outage (a schema not migrated, a bug): fall back to the broker's count rather
-            # than loop, and say so loudly.
-            logger.error(
-                "cannot count attempts of operation_key=%s (%s; is the schema migrated?): using the "
-                "broker's delivery count", identity.key, describe_error(book_exc),
-            )
-            return AttemptCounts(failures=delivery.delivery_count, contentions=delivery.delivery_count, crashes=0)
-
-    def _log_fault(
-        self, delivery: Delivery, decoded: Decoded, kind: FaultKind, decided: FaultDecision, described: str
-    ) -> None:
-        if kind is FaultKind.MESSAGE:
-            # The same values fail the same way on every delivery: dead-letter now.
-            logger.warning(
-                "deterministic rejection %s on queue=%s message_id=%s: dead-lettering",
-                described, delivery.queue, delivery.message_id,
-            )
-            return
-        last = decided.action is Action.DEAD_LETTER
-        contended = kind is FaultKind.CONTENTION
-        logger.log(
-            logging.ERROR if last else logging.INFO if contended else logging.WARNING,
-            "contention %s on queue=%s message_id=%s operation_key=%s (%s of %s): %s" if contended else
-            "handler error %s on queue=%s message_id=%s operation_key=%s attempt %s of %s: %s",
-            described, delivery.queue, delivery.message_id, decoded.identity.key, decided.attempt,
-            decided.of, "dead-lettering" if last else "rolled back, will retry",
-        )
-
-    def _after_hook_fault(self, delivery: Delivery, exc: Exception) -> Decision:
-        """A handler's own hook (``operation_key``, ``tenant``, ``partition_key``, ``projection``)
-        raised before the delivery had an identity: a handler fault, retried with backoff and
-        dead-lettered after ``max_deliveries``, counted by the broker's delivery count (no
-        operation to count it against). Never given back uncounted: it would loop forever."""
-        count = max(delivery.delivery_count, 1)
-        decided = fault_decision(FaultKind.HANDLER, self._limits(), failures=count)
-        described = describe_error(exc)
-        last = decided.action is Action.DEAD_LETTER
-        logger.log(
-            logging.ERROR if last else logging.WARNING,
-            "handler hook error %s on queue=%s message_id=%s delivery %s of %s: %s",
-            described, delivery.queue, delivery.message_id, count, decided.of,
-            "dead-lettering" if last else "will retry",
-        )
-        return decision_for_fault(
-            FaultKind.HANDLER, decided, type(exc).__name__, described,
-            counted=" in a handler hook before the claim, on delivery",
-        )
-
-    def _limits(self) -> FaultLimits:
-        settings = self.settings
-        return FaultLimits(
-            settings.max_deliveries, settings.max_contentions, settings.in_progress_delay, settings.retry_delays
-        )
-
-    def _released_for_environment(self, exc: BaseException) -> Decision:
-        described = describe_error(exc)
-        self._environment_fault(described)
-        return decision_for_fault(
-            FaultKind.ENVIRONMENT, FaultDecision(Action.RELEASE), type(exc).__name__, described
-        )
-
-    def _environment_fault(self, reason: str) -> None:
-        logger.warning("database unavailable (%s): deliveries go back uncounted", reason)
-        if self.hooks.on_environment_fault is not None:
-            self.hooks.on_environment_fault(reason)
 
     # -- 4. settle, 5. report ------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from consumer_kit.pipeline.decoding import DecodedDelivery as Decoded
+from consumer_kit.pipeline.early_answers import EarlyAnswers
 from consumer_kit.pipeline.operation import IntentUnder, Operations
 from consumer_kit.pipeline.transaction import (
     commit,
@@ -80,22 +81,25 @@ class TransactionalPath:
         operations: the state machine.
     """
 
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings, operations: Operations) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool, settings: Settings, operations: Operations, early: EarlyAnswers
+    ) -> None:
         self.pool = pool
         self.settings = settings
         self.operations = operations
+        self.early = early
 
     async def execute(self, delivery: Delivery, decoded: Decoded, envelope: Envelope) -> Verdict:
-        """Steps 4 to 7 for one delivery; faults propagate (rolled back)."""
+        """Steps 4 to 7 for one delivery; faults propagate (rolled back). An existing row's verdict
+        returns before its transaction (which wrote nothing) has ended: :mod:`consumer_kit.pipeline.early_answers`."""
         identity = decoded.identity
         try:
             for _ in range(self.pool.max_size + 1):
-                async with self.pool.connection() as conn:
-                    try:
-                        verdict = await self._transaction(conn, decoded, envelope)
-                    except StaleConnection:
-                        continue  # a connection that died in the pool: not this delivery's fault
-                    break
+                try:
+                    verdict = await self.early.on_connection(lambda conn: self._transaction(conn, decoded, envelope))
+                except StaleConnection:
+                    continue  # a connection that died in the pool: not this delivery's fault
+                break
             else:
                 raise StatementTimeout("no live pooled connection")
         except PermanentFailure as failure:
@@ -115,31 +119,44 @@ class TransactionalPath:
         logger.debug("committed scope=%s operation_key=%s", identity.scope, identity.key)
         return verdict
 
-    async def _transaction(self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope) -> Verdict:
+    async def _transaction(
+        self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
+    ) -> tuple[Verdict, bool]:
         """BEGIN and claim (one round trip), run, COMMIT with the session reset; ROLLBACK on any
-        exception, and when the claim's lock wait aborted the transaction."""
+        exception, and when the handler's transaction is aborted. The verdict, and whether the
+        transaction is still open: it wrote nothing (an existing row answered), so its end does
+        not hold the answer back."""
         with DeliveryClock():  # one timer for the claim's, handler's, completion's and COMMIT's bounds
             return await self._bounded_transaction(conn, decoded, envelope)
 
-    async def _bounded_transaction(self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope) -> Verdict:
+    async def _bounded_transaction(
+        self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
+    ) -> tuple[Verdict, bool]:
         timeout = self.settings.statement_timeout
         try:
-            verdict = await self._claim_and_run(conn, decoded, envelope)
+            verdict, wrote = await self._claim_and_run(conn, decoded, envelope)
         except BaseException:
             await rollback(conn, timeout)
             raise
+        if not wrote:
+            return verdict, True  # ended (COMMIT, or ROLLBACK after the claim's lock wait) later
         if conn.info.transaction_status is _ABORTED:
             await rollback(conn, timeout)
-            return verdict
+            return verdict, False
         try:
             with step("consumer_kit.commit", decoded.handler.operation_type):
                 await commit(conn, timeout, reset=verdict.kind is VerdictKind.EXECUTED)
         except CommitUncertain as exc:
             # Never ack; the redelivery reads the truth from the ledger.
-            return Verdict(VerdictKind.UNCERTAIN, why="commit_outcome_unknown", detail=describe_error(exc.__cause__ or exc))
-        return verdict
+            uncertain = Verdict(VerdictKind.UNCERTAIN, why="commit_outcome_unknown", detail=describe_error(exc.__cause__ or exc))
+            return uncertain, False
+        return verdict, False
 
-    async def _claim_and_run(self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope) -> Verdict:
+    async def _claim_and_run(
+        self, conn: psycopg.AsyncConnection[Any], decoded: Decoded, envelope: Envelope
+    ) -> tuple[Verdict, bool]:
+        """The verdict, and whether this transaction wrote anything (not when an existing row
+        answered the claim)."""
         identity, handler = decoded.identity, decoded.handler
         with step("consumer_kit.claim", handler.operation_type, histogram="claim"):
             claim = await self.operations.claim(
@@ -148,19 +165,20 @@ class TransactionalPath:
             )
         if isinstance(claim, Verdict):
             if claim.kind is not VerdictKind.LEASE_RECOVERABLE:
-                return claim
+                return claim, False
             # A processing row whose lease expired was committed by a run that died (a handler
             # with external effects, or one that committed its own transaction). This handler
             # declares no external effects, so nothing can reconcile it: never run it again
             # blindly (docs/how-to/external-effects.md). Park it in this transaction, as the run
             # that died would have: such a row may carry no watch_since (a transactional claim
             # committed by the handler), and the gauges and `ledger list` see only watched rows.
-            return await self.operations.park(
+            parked = await self.operations.park(
                 conn, identity, message_id=envelope.message_id, error_class="LeaseExpired", why="lease_expired",
                 detail=f"operation {identity.scope}/{identity.key} is processing under an expired "
                 f"lease of {claim.deciding_row.lease_owner} and {type(handler).__name__} has no "
                 "external_effects to reconcile it: resolve it with `consumer-kit ledger`",
             )
+            return parked, True
         assert claim.xid is not None  # the claim inserted: the transaction has an id
         crashpoints.reached(CrashPoint.AFTER_CLAIM)
         ctx = Context(conn, identity, envelope)
@@ -185,7 +203,7 @@ class TransactionalPath:
             correlation_id=envelope.correlation_id,
         )
         note_events(ctx.events)
-        return verdict
+        return verdict, True
 
     async def _record_failure(self, decoded: Decoded, envelope: Envelope, failure: PermanentFailure) -> Verdict:
         """Record a permanent failure after its transaction rolled back (its own transaction)."""

@@ -8,8 +8,8 @@ module per job:
 module             job
 =================  ===============================================================================
 ``metrics``        the metric catalogue (names, units, attributes) and the calls that record them
-``tracing``        the delivery's CONSUMER span and its steps, the relay's PRODUCER span, trace
-                   context through the outbox
+``tracing``        the delivery's CONSUMER span and its steps, the relay's PRODUCER span
+``trace_context``  trace context through messages and the outbox (W3C headers read and stored)
 ``logs``           the delivery log line, the JSON formatter, what may be logged (allow-lists)
 ``describe``       error descriptions and tracebacks without exception texts
 ``gauges``         observable gauges read from the database on an interval, and the paused gauge

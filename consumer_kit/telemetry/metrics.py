@@ -107,6 +107,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("consumer_kit.contentions", "counter", "{delivery}",
                "Lock timeouts, deadlocks, serialization failures retried through the broker",
                _DELIVERY_ERROR),
+    MetricSpec("consumer_kit.contentions.in_place", "counter", "{delivery}",
+               "Lock timeouts, deadlocks, serialization failures retried in place (rolled back, run "
+               "again after a jittered wait; a batch counts each of its deliveries)",
+               (OPERATION_TYPE, QUEUE, ERROR_TYPE)),
     MetricSpec("consumer_kit.failures", "counter", "{operation}",
                "Permanent business failures recorded and acked (outcome failed)", _DELIVERY),
     MetricSpec("consumer_kit.dead_letters", "counter", "{message}",
@@ -178,6 +182,7 @@ def _histogram(name: str) -> metrics.Histogram:
 
 
 _deliveries = _counter("consumer_kit.deliveries")
+_contentions_in_place = _counter("consumer_kit.contentions.in_place")
 _dead_letters = _counter("consumer_kit.dead_letters")
 _pauses = _counter("consumer_kit.worker.pauses")
 _delivery_duration = _histogram("consumer_kit.delivery.duration")
@@ -205,18 +210,17 @@ _counters = {name: _counter(name) for name in sorted(set(OUTCOME_COUNTERS.values
 _BY_OUTCOME = {outcome: _counters[name] for outcome, name in OUTCOME_COUNTERS.items()}
 _WITH_ERROR_TYPE = {"retried", "contended"}
 
-_attribute_cache: dict[tuple[str, ...], dict[str, Any]] = {}
+_attribute_cache: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
 _CACHE_LIMIT = 4096  # distinct (queue, type, outcome, ...) combinations kept
 
 
 def _attributes(*pairs: tuple[str, str]) -> dict[str, Any]:
     """The attribute dict for ``pairs``, built once per combination (the SDK never mutates it)."""
-    key = tuple(v for _, v in pairs) + tuple(k for k, _ in pairs)
-    found = _attribute_cache.get(key)
+    found = _attribute_cache.get(pairs)
     if found is None:
         found = dict(pairs)
         if len(_attribute_cache) < _CACHE_LIMIT:
-            _attribute_cache[key] = found
+            _attribute_cache[pairs] = found
     return found
 
 
@@ -243,6 +247,12 @@ def record_delivery(
         _dead_letters.add(1, _attributes(
             (OPERATION_TYPE, operation_type), (OUTCOME, outcome), (QUEUE, queue), (DEAD_LETTER_REASON, code)
         ))
+
+
+def record_contention_in_place(queue: str, operation_type: str, error_type: str) -> None:
+    """``consumer_kit.contentions.in_place``: one delivery rolled back for a contention
+    (``error_type``: the exception class) and run again in place."""
+    _contentions_in_place.add(1, _attributes((OPERATION_TYPE, operation_type), (QUEUE, queue), (ERROR_TYPE, error_type)))
 
 
 def record_handler(operation_type: str, seconds: float) -> None:

@@ -9,7 +9,7 @@ One trace from the command to the event's consumer:
 1. the delivery's span continues the producer's context, read from the message headers (W3C
    ``traceparent``/``tracestate``, case-insensitive, ``bytes`` values decoded);
 2. ``ctx.publish`` and ``OutboxWriter.add`` store the current context in the event's stored
-   headers (:func:`inject_into`, called by :func:`consumer_kit.outbox.pending_event`): no column of
+   headers (:func:`~consumer_kit.telemetry.trace_context.inject_into`, called by :func:`consumer_kit.outbox.pending_event`): no column of
    its own, so rows written before keep working and the relay needs no migration;
 3. the relay's ``publish {destination}`` PRODUCER span continues the stored context
    (:func:`producer_span`) and injects its own into the published message's headers, which the
@@ -46,18 +46,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
-from opentelemetry.propagators.textmap import Getter
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from consumer_kit.telemetry import metrics
 from consumer_kit.telemetry.describe import describe_error
 from consumer_kit.telemetry.loggable import evidence_ids
+from consumer_kit.telemetry.trace_context import extract
 
 if TYPE_CHECKING:
     from consumer_kit.codec.envelope import Envelope
@@ -84,9 +84,6 @@ MESSAGING_SYSTEMS = {
 }
 """Broker URL scheme -> ``messaging.system`` (the conventions' names; ``memory`` is ours)."""
 
-TRACE_HEADERS = ("traceparent", "tracestate")
-"""The W3C trace-context headers stored with an outbox row and sent with its event."""
-
 # Outcomes whose span gets status ERROR: someone should look at them.
 _ERROR_OUTCOMES = frozenset({
     "payload_conflict", "invalid", "dead_lettered", "uncertain", "crashed_worker", "lease_lost",
@@ -99,44 +96,6 @@ def messaging_system(broker_url: str) -> str:
     for a scheme this table does not know."""
     scheme = urlparse(broker_url).scheme
     return MESSAGING_SYSTEMS.get(scheme, scheme or "unknown")
-
-
-class _HeaderGetter(Getter[Mapping[str, Any]]):
-    """Reads trace headers from broker headers: names case-insensitive, ``bytes`` decoded."""
-
-    def get(self, carrier: Mapping[str, Any], key: str) -> list[str] | None:
-        value = carrier.get(key)
-        if value is None:
-            lowered = key.lower()
-            value = next((v for k, v in carrier.items() if isinstance(k, str) and k.lower() == lowered), None)
-        if value is None:
-            return None
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        return [str(value)]
-
-    def keys(self, carrier: Mapping[str, Any]) -> list[str]:
-        return [str(k) for k in carrier]
-
-
-_GETTER = _HeaderGetter()
-
-
-def extract(headers: Mapping[str, Any]) -> otel_context.Context | None:
-    """The producer's context from a delivery's headers, or ``None`` when it sent none."""
-    if not any(name in headers for name in TRACE_HEADERS) and not any(
-        isinstance(k, str) and k.lower() in TRACE_HEADERS for k in headers
-    ):
-        return None
-    return propagate.extract(headers, getter=_GETTER)
-
-
-def inject_into(headers: MutableMapping[str, str]) -> None:
-    """Store the current trace context in ``headers`` (``traceparent``, ``tracestate`` and any
-    other field of the configured propagator), unless the caller set ``traceparent`` itself.
-    Nothing is added without an active span context (no SDK and no incoming trace)."""
-    if "traceparent" not in headers:
-        propagate.inject(headers)
 
 
 _current: contextvars.ContextVar[DeliveryTrace | None] = contextvars.ContextVar(
@@ -195,10 +154,33 @@ class DeliveryTrace:
             span.set_status(Status(StatusCode.ERROR, f"{outcome}: {decision.reason or ''}"))
 
 
+def _carried(headers: Mapping[str, Any]) -> trace.Span:
+    """Without an SDK: the producer's span context from ``headers`` as a non-recording span (what
+    the API's no-op tracer would start), or ``INVALID_SPAN`` when the producer sent none."""
+    parent = extract(headers)
+    return trace.INVALID_SPAN if parent is None else trace.get_current_span(parent)
+
+
 @contextlib.contextmanager
 def delivery_span(delivery: TracedDelivery, system: str) -> Iterator[DeliveryTrace]:
     """The ``process {queue}`` CONSUMER span of one delivery, continuing the producer's context
-    from its headers; current (with its :class:`DeliveryTrace`) until the block ends."""
+    from its headers; current (with its :class:`DeliveryTrace`) until the block ends.
+
+    Without an SDK tracer provider nothing would record the span, so none is started: the
+    producer's span context (if it sent one) is made current as it is, so ``ctx.publish`` still
+    stores it with the events (the relay's span continues it), and the steps start no child."""
+    if not tracing_enabled():
+        notes = DeliveryTrace(trace.INVALID_SPAN)
+        carried = _carried(delivery.headers)
+        token = _current.set(notes)
+        attached = None if carried is trace.INVALID_SPAN else otel_context.attach(trace.set_span_in_context(carried))
+        try:
+            yield notes
+        finally:
+            if attached is not None:
+                otel_context.detach(attached)
+            _current.reset(token)
+        return
     with tracer.start_as_current_span(
         f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER,
         record_exception=False, set_status_on_exception=False,
@@ -216,7 +198,11 @@ def delivery_span(delivery: TracedDelivery, system: str) -> Iterator[DeliveryTra
 @contextlib.contextmanager
 def batch_span(queue: str, system: str, size: int) -> Iterator[trace.Span]:
     """The ``process batch {queue}`` CONSUMER span of a batch of ``size`` deliveries, current
-    until the block ends (the batch's claim and commit are its children)."""
+    until the block ends (the batch's claim and commit are its children). Without an SDK tracer
+    provider: none (``INVALID_SPAN``), as for :func:`delivery_span`."""
+    if not tracing_enabled():
+        yield trace.INVALID_SPAN
+        return
     with tracer.start_as_current_span(
         f"process batch {queue}", kind=SpanKind.CONSUMER, record_exception=False, set_status_on_exception=False,
     ) as span:
@@ -235,7 +221,10 @@ def member_span(delivery: TracedDelivery, system: str, batch: trace.Span) -> Del
     """The ``process {queue}`` span of one delivery of a batch: the same span as
     :func:`delivery_span` (continuing the producer's context), linked to the ``batch`` span and
     not current (:func:`as_current` makes it so around the delivery's own steps). The caller ends
-    it (``trace.span.end()``)."""
+    it (``trace.span.end()``). Without an SDK tracer provider: the producer's span context, not
+    recording (as for :func:`delivery_span`)."""
+    if not tracing_enabled():
+        return DeliveryTrace(_carried(delivery.headers))
     links = [trace.Link(batch.get_span_context())] if batch.get_span_context().is_valid else None
     span = tracer.start_span(
         f"process {delivery.queue}", context=extract(delivery.headers), kind=SpanKind.CONSUMER, links=links,
@@ -267,8 +256,11 @@ def as_current(notes: DeliveryTrace | None) -> Iterator[None]:
         return
     token = _current.set(notes)
     try:
-        with trace.use_span(notes.span, end_on_exit=False):
+        if notes.span is trace.INVALID_SPAN:  # nothing to make current (no SDK, no producer context)
             yield
+        else:
+            with trace.use_span(notes.span, end_on_exit=False):
+                yield
     finally:
         _current.reset(token)
 
@@ -292,32 +284,40 @@ def note_evidence(name: str, facts: Mapping[str, Any]) -> None:
         notes.evidence.append((name, evidence_ids(facts)))
 
 
-@contextlib.contextmanager
-def step(name: str, operation_type: str, *, histogram: str | None = None) -> Iterator[trace.Span]:
+class step:
     """A child span ``name`` of the current delivery; with ``histogram`` (``"claim"`` or
     ``"handler"``) its duration is recorded as ``consumer_kit.claim.wait`` or
     ``consumer_kit.handler.duration``. An exception leaves the span with status ERROR and a
-    one-line description (never the exception's text), and propagates."""
-    started = time.perf_counter()
-    if not trace.get_current_span().is_recording():
-        # Nothing records the delivery's span (no SDK, or not sampled): no child span either.
+    one-line description (never the exception's text), and propagates. A class rather than a
+    generator: it runs several times per delivery."""
+
+    __slots__ = ("_histogram", "_name", "_opened", "_operation_type", "_started")
+
+    def __init__(self, name: str, operation_type: str, *, histogram: str | None = None) -> None:
+        self._name, self._operation_type, self._histogram = name, operation_type, histogram
+        self._opened: Any = None
+        self._started = 0.0
+
+    def __enter__(self) -> trace.Span:
+        self._started = time.perf_counter()
+        notes = _current.get()
+        current = notes.span if notes is not None else trace.get_current_span()
+        if not current.is_recording():
+            return trace.INVALID_SPAN  # nothing records the delivery's span (no SDK, not sampled): no child
+        self._opened = tracer.start_as_current_span(self._name, record_exception=False, set_status_on_exception=False)
+        return self._opened.__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
-            yield trace.INVALID_SPAN
+            if self._opened is not None:
+                if exc is not None:
+                    span = trace.get_current_span()
+                    if span.is_recording():
+                        span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
+                        span.set_attribute("error.type", type(exc).__name__)
+                self._opened.__exit__(exc_type, exc, tb)
         finally:
-            _record_step(histogram, operation_type, started)
-        return
-    with tracer.start_as_current_span(
-        name, record_exception=False, set_status_on_exception=False
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            if span.is_recording():
-                span.set_status(Status(StatusCode.ERROR, describe_error(exc)))
-                span.set_attribute("error.type", type(exc).__name__)
-            raise
-        finally:
-            _record_step(histogram, operation_type, started)
+            _record_step(self._histogram, self._operation_type, self._started)
 
 
 def _record_step(histogram: str | None, operation_type: str, started: float) -> None:

@@ -167,6 +167,7 @@ class Harness:
         if self._consumer is not None:
             await self._consumer.close()
         if self._pool is not None:
+            await self.runtime.close()  # made with the pool: its late transaction ends first
             await self._pool.close()
         if self._started:
             async with await psycopg.AsyncConnection.connect(self.database_url, autocommit=True) as conn:

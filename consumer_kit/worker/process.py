@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import signal
 import time
@@ -165,6 +166,10 @@ class Worker:
                     self.settings.effective_prefetch, redact_url(self.settings.broker_url),
                     self.settings.db_schema,
                 )
+                # What start-up made (modules, the app, settings, the pool) lives as long as the
+                # process: out of the collector's generations, its full collections scan only what
+                # deliveries leave behind (docs/scaling.md, "CPU per delivery").
+                gc.freeze()
                 self.started.set()
                 await self._stop.wait()
                 logger.info("shutting down: %s deliveries in flight", len(self._inflight))
@@ -178,6 +183,8 @@ class Worker:
                 await self.health.close()
                 await self._write_outcome_counts()  # the last interval's, before the pool closes
         finally:
+            if self.runtime is not None:
+                await self.runtime.close()
             await pool.close()
         totals = self.runtime.counters.snapshot() if self.runtime else {}
         logger.info(

@@ -21,6 +21,7 @@ from consumer_kit.demo.app import CreateInvoice, CreateInvoiceHandler
 from consumer_kit.handler import Handler
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.pipeline.batching import Batcher, batch_setting
+from tests.fixtures.batches import run_as_one_batch
 from tests.fixtures.harness import fetch_all, runtime_for, throwaway_schema
 from tests.fixtures.tcp_proxy import TcpProxy
 
@@ -54,29 +55,6 @@ def batch_app(handler: Handler[Any] | None = None) -> App:
     app = App("batches")
     app.subscribe(QUEUE, handler or BatchInvoiceHandler())
     return app
-
-
-async def run_as_one_batch(broker: MemoryBroker, runtime, count: int) -> list[DeliveryReport]:  # type: ignore[no-untyped-def]
-    """Hold the first ``count`` deliveries, run them as one batch, then run what comes back
-    (retries) one delivery at a time until the broker is idle."""
-    held: list[Delivery] = []
-    gathered = asyncio.Event()
-    reports: list[DeliveryReport] = []
-
-    async def on_delivery(delivery: Delivery) -> None:
-        if not gathered.is_set():
-            held.append(delivery)
-            if len(held) == count:
-                gathered.set()
-                reports.extend(await runtime.process_batch(held))
-            return
-        reports.append(await runtime.process(delivery))
-
-    consumer = MemoryConsumer(broker)
-    await consumer.subscribe(QUEUE, on_delivery, prefetch=count)
-    await broker.wait_idle(30)
-    await consumer.close()
-    return reports
 
 
 def outcome_of(reports: Sequence[DeliveryReport], message_id: str) -> list[str]:

@@ -17,7 +17,6 @@ import collections
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,13 +24,13 @@ import aio_pika
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from consumer_kit import App, Context, Outcome, PermanentFailure, Result, RetryableError
 from consumer_kit.demo.app import CreateInvoice, CreateInvoiceHandler
 from consumer_kit.outbox import OutboxWriter
 from tests.fixtures.broker_env import command
-from tests.fixtures.harness import throwaway_schema
+from tests.fixtures.harness import database_of_its_own, throwaway_schema
 from tests.fixtures.resilience import (
     TERMINAL,
     Gate,
@@ -54,14 +53,8 @@ FAULT_WINDOW = float(os.environ.get("CONSUMER_KIT_TEST_FAULT_WINDOW", "4"))
 @pytest.fixture
 async def own_database(database_url: str) -> AsyncIterator[str]:
     """A database of this test's own (dropped afterwards), for faults that act on a whole database."""
-    name = "ck_db_" + uuid.uuid4().hex[:10]
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(database_url, dbname=name)
-    finally:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            await conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    async with database_of_its_own(database_url) as url:
+        yield url
 
 
 async def set_read_only(admin_url: str, database: str, read_only: bool) -> None:

@@ -34,14 +34,14 @@ def _skip_or_fail(why: str) -> None:
 
 
 def test_smoke_run_writes_results_report_and_charts(tmp_path: Path) -> None:
-    for name, port in (("PostgreSQL", 5432), ("RabbitMQ", 5672)):
+    for name, port in (("PostgreSQL", 5432), ("RabbitMQ", 5672), ("NATS", 4222)):
         if not _answers(port):
             _skip_or_fail(f"{name} does not answer on 127.0.0.1:{port}")
     # Redis and the bench extra are the benchmark's own needs, not the test suite's: without them
     # this test skips even where services are required (CI must install '.[bench]' and start Redis).
     if not _answers(6379):
         pytest.skip("Redis does not answer on 127.0.0.1:6379 (Powertools peer): start redis-server")
-    for module in ("aws_lambda_powertools", "redis", "matplotlib", "psutil", "boto3"):
+    for module in ("aws_lambda_powertools", "redis", "matplotlib", "psutil", "boto3", "faststream.nats"):
         try:
             __import__(module)
         except ImportError:
@@ -67,6 +67,14 @@ def test_smoke_run_writes_results_report_and_charts(tmp_path: Path) -> None:
         assert isinstance(scenarios["crash"][variant]["lost"], int)
         assert isinstance(scenarios["crash"][variant]["applied_more_than_once"], int)
 
+    for variant in ("naive", "ck", "powertools"):  # client CPU per delivery in every row
+        assert isinstance(scenarios["idempotency"]["by_concurrency"]["8"]["cpu_us"][variant]["median"], float)
+    batch = scenarios["batch"]["c8_b10"]
+    for variant in ("naive", "naive_batch", "ck_batch"):
+        assert isinstance(batch[variant]["median"], float) and isinstance(batch["cpu_us"][variant]["median"], float)
+    nats = scenarios["nats_batch"]["c8_b10"]  # FastStream's batch subscriber beside consumer-kit's, on NATS
+    for variant in ("faststream_nats_batch", "ck_nats_batch"):
+        assert isinstance(nats[variant]["median"], float), (variant, nats.get("errors"))
     for run in scenarios["drain"]["runs"].values():  # relay drain under stale statistics
         assert run["pending_after"] == 0 and isinstance(run["rows_per_s"], int), run.get("error", run)
     assert isinstance(scenarios["scaleout"]["by_processes"]["2"]["ratio_ck_naive"]["median"], float)

@@ -120,7 +120,7 @@ async def test_a_diagnostic_id_alone_carries_the_trace_context(sb: SBEnv) -> Non
     A malformed one (the old hierarchical Request-Id form) is ignored; ``traceparent`` wins."""
     from opentelemetry import trace
 
-    from consumer_kit.telemetry.tracing import extract
+    from consumer_kit.telemetry.trace_context import extract
 
     sb.create_queue(lock_duration=LOCK)
     parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
