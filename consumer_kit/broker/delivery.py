@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from consumer_kit.codec import headers as own
+from consumer_kit.codec.envelope import Envelope
 from consumer_kit.model.settlement import Settlement as Settlement
 
 logger = logging.getLogger("consumer_kit.broker")
@@ -213,6 +214,15 @@ class Delivery(abc.ABC):
     async def _abandon(self) -> None:  # noqa: B027 - optional hook, deliberately empty by default
         """Make sure the broker redelivers this message although its settlement failed (e.g. close
         the channel it came on). Default: nothing (the lock lapses by itself)."""
+
+    def envelope(self) -> Envelope:
+        """What a handler may read of this delivery (never the body); its ``enqueued_at`` is the
+        operation's earliest trustworthy time."""
+        return Envelope(
+            self.queue, self.message_id, self.headers, self.delivery_count, sender=self.sender,
+            correlation_property=self.correlation_id, partition_key=self.partition_key,
+            enqueued_at=self.first_enqueued_at,
+        )
 
 
 @dataclass(frozen=True, eq=False)

@@ -58,7 +58,7 @@ from consumer_kit.pipeline.faults import FaultKind, classify
 from consumer_kit.pipeline.isolation import Isolation
 from consumer_kit.pipeline.leased import LeasedPath
 from consumer_kit.pipeline.operation import Operations
-from consumer_kit.pipeline.settlement import decision_for, settle
+from consumer_kit.pipeline.settlement import decision_for, invalid_decision, report_of, settle
 from consumer_kit.pipeline.transaction import on_own_connection
 from consumer_kit.pipeline.transactional import TransactionalPath, message_intent
 from consumer_kit.settings import Settings
@@ -75,18 +75,6 @@ from consumer_kit.telemetry.tracing import as_current, batch_span, member_span
 __all__ = ["Runtime", "RuntimeHooks", "default_worker_id", "open_pool"]
 
 logger = logging.getLogger("consumer_kit.runtime")
-
-
-def _envelope(delivery: Delivery) -> Envelope:
-    return Envelope(
-        delivery.queue, delivery.message_id, delivery.headers, delivery.delivery_count, sender=delivery.sender,
-        correlation_property=delivery.correlation_id, partition_key=delivery.partition_key,
-        enqueued_at=delivery.first_enqueued_at,  # the operation's earliest trustworthy time
-    )
-
-
-def _invalid(exc: InvalidMessage) -> Decision:
-    return Decision(Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail)
 
 
 def default_worker_id() -> str:
@@ -154,7 +142,7 @@ class Runtime:
         ``SimulatedCrash`` (an armed crash point: the delivery stays unsettled) and cancellation
         (the delivery is released first)."""
         started = time.monotonic()
-        envelope = _envelope(delivery)
+        envelope = delivery.envelope()
         with delivery_span(delivery, self.messaging_system) as span:
             decoded: Decoded | None = None
             try:
@@ -168,9 +156,9 @@ class Runtime:
                     span.decoded(decoded, envelope)
                     decision = await self.isolation.run(delivery, decoded, envelope)  # 2. isolate, 3. run
             except InvalidMessage as exc:
-                decision = Decision(Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail)
+                decision = invalid_decision(exc)
             except SimulatedCrash:
-                report = self._report(delivery, decoded, Decision(Outcome.CRASHED, Settlement.RELEASED, reason="crash point"), started)
+                report = report_of(delivery, decoded, Decision(Outcome.CRASHED, Settlement.RELEASED, reason="crash point"), started)
                 record(report, self.counters, None, span)
                 raise
             except asyncio.CancelledError:
@@ -178,7 +166,7 @@ class Runtime:
                 raise
             span.decided(decision)
             await self._settle(delivery, decision)  # 4. settle
-        report = self._report(delivery, decoded, decision, started)  # 5. report
+        report = report_of(delivery, decoded, decision, started)  # 5. report
         record(report, self.counters, decoded.handler.operation_type if decoded else None, span)
         for observe in self.hooks.observers:
             observe(report)
@@ -203,13 +191,13 @@ class Runtime:
         with batch_span(deliveries[0].queue, self.messaging_system, len(deliveries)) as span:
             for delivery in deliveries:
                 notes = traces[id(delivery)] = member_span(delivery, self.messaging_system, span)
-                envelope = _envelope(delivery)
+                envelope = delivery.envelope()
                 decoded_of[id(delivery)] = None
                 try:
                     with as_current(notes):
                         decoded = decode(self.app, delivery.queue, delivery.body, envelope)  # 1. decode
                 except InvalidMessage as exc:
-                    decisions[id(delivery)] = _invalid(exc)
+                    decisions[id(delivery)] = invalid_decision(exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a handler hook raised: the handler's fault
                     decisions[id(delivery)] = self.faults.after_hook_fault(delivery, exc)
@@ -232,7 +220,7 @@ class Runtime:
                     for delivery in deliveries:
                         if delivery.settlement is None:
                             crashed = Decision(Outcome.CRASHED, Settlement.RELEASED, reason="crash point")
-                            record(self._report(delivery, decoded_of[id(delivery)], crashed, started), self.counters,
+                            record(report_of(delivery, decoded_of[id(delivery)], crashed, started), self.counters,
                                    None, traces[id(delivery)])
                     raise
                 except asyncio.CancelledError:
@@ -249,7 +237,7 @@ class Runtime:
         reports = []
         for delivery in deliveries:  # 5. report
             of = decoded_of[id(delivery)]
-            report = self._report(delivery, of, decisions[id(delivery)], started)
+            report = report_of(delivery, of, decisions[id(delivery)], started)
             record(report, self.counters, of.handler.operation_type if of else None, traces[id(delivery)])
             for observe in self.hooks.observers:
                 observe(report)
@@ -298,7 +286,7 @@ class Runtime:
             try:
                 return {id(item.delivery): await self.isolation.run(item.delivery, item.decoded, item.envelope)}
             except InvalidMessage as exc:  # the handler declared its input invalid
-                return {id(item.delivery): _invalid(exc)}
+                return {id(item.delivery): invalid_decision(exc)}
 
     async def _run_batch(self, items: list[BatchItem]) -> dict[int, Decision]:
         """The batch's lanes (every partition key it holds, in one order, so two batches never
@@ -337,7 +325,7 @@ class Runtime:
                 try:
                     decisions[id(item.delivery)] = await self._run(item.delivery, item.decoded, item.envelope)
                 except InvalidMessage as exc:  # the handler declared its input invalid
-                    decisions[id(item.delivery)] = _invalid(exc)
+                    decisions[id(item.delivery)] = invalid_decision(exc)
         return decisions
 
     def _decided(self, verdict: Verdict) -> Decision:
@@ -400,22 +388,3 @@ class Runtime:
             await ack_all(acks)
         else:
             await asyncio.gather(ack_all(acks), *others)
-
-    def _report(self, delivery: Delivery, decoded: Decoded | None, decision: Decision, started: float) -> DeliveryReport:
-        return DeliveryReport(
-            outcome=decision.outcome,
-            settlement=delivery.settlement,
-            queue=delivery.queue,
-            message_id=delivery.message_id,
-            delivery_count=delivery.delivery_count,
-            scope=decoded.identity.scope if decoded else None,
-            operation_key=decoded.identity.key if decoded else None,
-            reason=decision.reason,
-            # the dead letter's own detail (also in its header and `dlq list`); other details may
-            # describe a handler's exception and stay out of the log line
-            detail=(decision.detail or None) if decision.how is Settlement.DEAD_LETTER else None,
-            result=decision.result,
-            duration_seconds=time.monotonic() - started,
-            settlement_lost=delivery.lost,
-            redelivered=delivery.redelivered,
-        )

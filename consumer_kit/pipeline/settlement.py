@@ -8,10 +8,14 @@ this module only says how each answer is told to the broker (docs/explanation/on
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 from consumer_kit.broker import Delivery, Settlement
-from consumer_kit.errors import DeadLetterReason
+from consumer_kit.errors import DeadLetterReason, InvalidMessage
 from consumer_kit.model.decision import Decision
-from consumer_kit.model.outcomes import Outcome
+from consumer_kit.model.decoded import Decoded
+from consumer_kit.model.outcomes import DeliveryReport, Outcome
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline.fault_policy import Action, FaultDecision
 from consumer_kit.pipeline.faults import FaultKind
@@ -93,3 +97,30 @@ async def settle(delivery: Delivery, decision: Decision) -> None:
         await delivery.dead_letter(decision.reason or "unknown", decision.detail)
     else:
         await delivery.release()
+
+
+def invalid_decision(exc: InvalidMessage) -> Decision:
+    """A delivery that cannot be processed as sent: dead-lettered with its reason."""
+    return Decision(Outcome.INVALID, Settlement.DEAD_LETTER, reason=exc.reason.value, detail=exc.detail)
+
+
+def report_of(delivery: Delivery, decoded: Decoded[Any] | None, decision: Decision, started: float) -> DeliveryReport:
+    """The report of one delivery, settled (or not) as ``decision`` says; ``started``: the loop's
+    monotonic clock when the runtime took it (seconds)."""
+    return DeliveryReport(
+        outcome=decision.outcome,
+        settlement=delivery.settlement,
+        queue=delivery.queue,
+        message_id=delivery.message_id,
+        delivery_count=delivery.delivery_count,
+        scope=decoded.identity.scope if decoded else None,
+        operation_key=decoded.identity.key if decoded else None,
+        reason=decision.reason,
+        # the dead letter's own detail (also in its header and `dlq list`); other details may
+        # describe a handler's exception and stay out of the log line
+        detail=(decision.detail or None) if decision.how is Settlement.DEAD_LETTER else None,
+        result=decision.result,
+        duration_seconds=time.monotonic() - started,
+        settlement_lost=delivery.lost,
+        redelivered=delivery.redelivered,
+    )
