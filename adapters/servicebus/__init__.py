@@ -147,6 +147,7 @@ def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
         settle_timeout=settings.settle_timeout,
         receive_wait=config.adapter.receive_wait,
         lock_duration=config.adapter.lock_durations or None,
+        default_ttls=config.adapter.default_ttls,
     )
 
 

@@ -40,6 +40,14 @@ class ServiceBusSettings(GroupSettings):
         " may run behind the broker's). Seconds, 5 to 300 (Service Bus's range) (e.g. {\"orders\": 60}).",
         json_schema_extra={"unit": "seconds", "range": "each 5 to 300", "example": '{"orders": 60}'},
     )
+    default_ttls: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default={},
+        description="DefaultMessageTimeToLive per entity, as a JSON object: Service Bus applies it to a"
+        " message whose sender set no TTL without showing it on the message, so the retry guards (a"
+        " retry never outlives the message, a copy keeps only what is left) need it stated here."
+        " Seconds, each above 0 (e.g. {\"orders\": 86400}).",
+        json_schema_extra={"unit": "seconds", "range": "each above 0", "example": '{"orders": 86400}'},
+    )
     receive_wait: float = seconds(
         1.0, minimum=0.01, maximum=60, example=1,
         description="Longest wait of one receive call for a first message (bounds how long pause and"
