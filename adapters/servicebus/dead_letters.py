@@ -14,8 +14,8 @@ partition in the order they answer (each partition oldest first; none skipped:
 management API and *Manage* rights; consumer-kit speaks AMQP only, with a worker's rights
 (*Listen*, and *Send* to redrive), and the local test server has no management API.
 
-**What a dead letter shows** (:func:`dead_letter_of`): reason ``DeadLetterReason`` as consumer-kit
-set it, or ``broker:<reason>`` for one of Service Bus's own (:data:`SERVICE_BUS_REASONS`); detail
+**What a dead letter shows** (:func:`~consumer_kit.adapters.servicebus.dead_letter_reading.dead_letter_of`): reason ``DeadLetterReason`` as consumer-kit
+set it, or ``broker:<reason>`` for one of Service Bus's own (:data:`~consumer_kit.adapters.servicebus.dead_letter_reading.SERVICE_BUS_REASONS`); detail
 ``DeadLetterErrorDescription``; the message id consumer-kit saw (``x-consumer-kit-message-id`` of
 a retry copy, else the message's); delivery count ``x-consumer-kit-deliveries + delivery_count +
 1`` when a receiver dead-lettered it (what the worker counted), without the ``+ 1`` when Service Bus
@@ -62,18 +62,13 @@ from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
-from consumer_kit.codec import headers as own
-from consumer_kit.codec.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 
 from .browse import BrowseCursor
 from .config import Namespace
 from .connection import Connection, close_quietly
+from .dead_letter_reading import dead_letter_of
 from .envelope import (
-    DELIVERIES_PROPERTY,
-    body_of,
-    headers_of,
-    message_id_of,
     redrive_copy_of,
 )
 from .errors import LOCK_LOST, TooLarge, dead_letter_error, describe, is_refusal
@@ -97,13 +92,6 @@ RECEIVE_BATCH = 50
 CALL_TIMEOUT = 30.0
 """Seconds any one SDK call may take (the SDK hangs instead of failing against a server that
 answers wrongly, so every call is bounded)."""
-
-SERVICE_BUS_REASONS = frozenset({
-    "MaxDeliveryCountExceeded", "TTLExpiredException", "HeaderSizeExceeded", "MaxTransferHopCountExceeded",
-    "Session id is null",
-})
-"""``DeadLetterReason`` values Service Bus sets when it moves a message itself (listed as
-``broker:<reason>``)."""
 
 _COPY_IDS = uuid.UUID("8f3d3c52-4a55-4f0e-9a57-3d5c1f0b6a11")
 """uuid5 namespace of redriven copies' message ids."""
@@ -360,44 +348,8 @@ class _Redrive(Redrive[ServiceBusReceivedMessage]):
             raise RemoveFailed(describe(exc)) from exc
 
 
-def dead_letter_of(message: ServiceBusReceivedMessage, queue: str) -> DeadLetter:
-    """What ``consumer-kit dlq list`` shows of one message of ``queue``'s dead-letter sub-queue
-    (reason, delivery count and times as in the module docstring).
-
-    Args:
-        message: a message peeked or received from the dead-letter sub-queue.
-        queue: the queue or subscription as asked for.
-    """
-    # Only consumer-kit's signed marks are believed (deliveries, original message id).
-    reading = own.read(headers_of(message), body_of(message))
-    headers = dict(reading.headers)
-    reason = message.dead_letter_reason or ""
-    by_service_bus = reason in SERVICE_BUS_REASONS
-    operation_key = headers.get(OPERATION_ID_HEADER)
-    return DeadLetter(
-        queue=queue,
-        message_id=message_id_of(message, reading),
-        reason=f"broker:{reason}" if by_service_bus else reason or "unknown",
-        detail=message.dead_letter_error_description or "",
-        delivery_count=_count(headers.get(DELIVERIES_PROPERTY)) + (message.delivery_count or 0)
-        + (0 if by_service_bus else 1),
-        dead_lettered_at=None,
-        enqueued_at=message.enqueued_time_utc,
-        operation_key=str(operation_key) if operation_key else None,
-        headers=headers,
-        body=body_of(message),
-    )
-
-
 def _entity(queue: str) -> Entity:
     try:
         return Entity.parse(queue)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(0, int(value)) if value is not None else 0
-    except (TypeError, ValueError):
-        return 0
