@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from consumer_kit.broker import Consumer, DeliveryCallback, hand_over
 from consumer_kit.resilience.one_shots import OneShots
@@ -44,10 +44,11 @@ class ServiceBusConsumer(Consumer):
             (:mod:`consumer_kit.adapters.servicebus.redelivery`).
         renew_locks: renew every held lock (the default). ``False`` only for tests that need a lock
             to lapse under a running handler.
-        lock_duration: seconds, the subscribed entities' LockDuration (Service Bus: 5 s to 5 min),
-            when known. Locks are timed on the worker's monotonic clock from the duration granted
-            (:mod:`consumer_kit.adapters.servicebus.lock_clock`); without it the duration is learned
-            from the messages themselves, which a first message out of a long backlog can overstate.
+        lock_duration: seconds, the subscribed entities' LockDuration (Service Bus: 5 s to 5 min):
+            one value, or ``{entity path: seconds}``; an override, never needed with the host's
+            clock in step with the broker's. Locks are timed on the worker's monotonic clock from
+            the duration granted, otherwise learned from each lock's grant
+            (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
 
     Raises:
         ValueError: on invalid arguments.
@@ -67,7 +68,7 @@ class ServiceBusConsumer(Consumer):
         connect_timeout: float = 30.0,
         give_back_capacity: int = DEFAULT_CAPACITY,
         renew_locks: bool = True,
-        lock_duration: float | None = None,
+        lock_duration: float | Mapping[str, float] | None = None,
     ) -> None:
         if settle_timeout <= 0 or receive_wait <= 0 or connect_timeout <= 0:
             raise ValueError("settle_timeout, receive_wait and connect_timeout must be > 0 seconds")

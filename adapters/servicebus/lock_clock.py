@@ -13,12 +13,17 @@ It keeps, per lock, its expiry on ``time.monotonic()``:
   (a difference of two broker times: no clock offset in it).
 
 **The granted duration** is the entity's LockDuration. Service Bus does not send it with a message,
-so the adapter takes the smallest of: the consumer's ``lock_duration`` setting (the entity's
-LockDuration, when the operator gives it), and ``locked_until - enqueued_time`` of every message
-received from the entity so far (both broker times; a message cannot be locked before it was
-enqueued, so each is an upper bound, and exact for a message received as soon as it arrived).
-Without the setting, a first message that waited long in a backlog gives a loose bound until a
-fresher one arrives: set ``lock_duration`` where backlogs are the rule.
+so the adapter takes the smallest of: the operator's setting for the entity (``lock_duration``, one
+value or one per entity: an override), and, from every lock the entity granted so far (a message's,
+a session's), ``locked_until`` minus the host's time when the grant was seen (the lock cannot have
+started later; with the host's clock in step with the broker's this is the duration, shortened by
+the receive's own latency) and ``locked_until - enqueued_time`` (both broker times; a message cannot
+be locked before it was enqueued: exact for a message received as soon as it arrived, whatever the
+host's clock says). The first bound is what keeps a message out of a backlog from being timed by its
+age plus the lock (its renewal would come after the lock expired); the second is what keeps a host
+clock behind the broker's from overstating a fresh message's lock. Only a message out of a backlog
+*and* a host clock behind the broker's by more than half the lock make the estimate late: give the
+entity's LockDuration in the setting where clocks cannot be trusted.
 
 **The SDK's own checks.** azure-servicebus 7.15 refuses, without asking the broker, to settle a
 message whose ``locked_until_utc`` is past on the host's clock (``MessageLockLostError``,
@@ -37,6 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
+from collections.abc import Mapping
 
 SDK_MARGIN = 5.0  # seconds the SDK's copy of an expiry is set beyond the estimate (the broker decides)
 
@@ -58,27 +64,42 @@ class LockDurations:
     """The lock duration per entity, as far as the adapter can know it (module docstring).
 
     Args:
-        configured: seconds, the entities' LockDuration as the operator states it, or ``None``.
+        configured: seconds, the entities' LockDuration as the operator states it: one value for
+            every entity, or ``{entity path: seconds}`` (case-insensitive), or ``None``.
+
+    Raises:
+        ValueError: a configured duration is not > 0 seconds.
     """
 
-    def __init__(self, configured: float | None = None) -> None:
-        if configured is not None and configured <= 0:
+    def __init__(self, configured: float | Mapping[str, float] | None = None) -> None:
+        values = configured.values() if isinstance(configured, Mapping) else [configured]
+        if any(value is not None and value <= 0 for value in values):
             raise ValueError("lock_duration must be > 0 seconds")
-        self._configured = math.inf if configured is None else configured
+        self._default = math.inf
+        self._per_entity: dict[str, float] = {}
+        if isinstance(configured, Mapping):
+            self._per_entity = {name.casefold(): float(value) for name, value in configured.items()}
+        elif configured is not None:
+            self._default = float(configured)
         self._learned: dict[str, float] = {}
 
-    def observe(self, entity: str, locked_until: dt.datetime | None, enqueued: dt.datetime | None) -> None:
-        """Learn from one message of ``entity`` (its broker-stamped lock expiry and enqueued time)."""
-        if locked_until is None or enqueued is None:
+    def observe(self, entity: str, locked_until: dt.datetime | None, enqueued: dt.datetime | None = None) -> None:
+        """Learn from one lock ``entity`` granted just now: its broker-stamped expiry and, for a
+        message, its enqueued time (``None`` for a session lock)."""
+        if locked_until is None:
             return
-        bound = (locked_until - enqueued).total_seconds()
-        if bound > 0:
-            key = entity.casefold()
-            self._learned[key] = min(self._learned.get(key, math.inf), bound)
+        bounds = [(locked_until - dt.datetime.now(dt.UTC)).total_seconds()]
+        if enqueued is not None:
+            bounds.append((locked_until - enqueued).total_seconds())
+        for bound in bounds:
+            if bound > 0:  # (not positive: a host clock ahead of the broker's, no bound at all)
+                key = entity.casefold()
+                self._learned[key] = min(self._learned.get(key, math.inf), bound)
 
     def of(self, entity: str) -> float | None:
         """Seconds, the best upper bound known for ``entity``; ``None`` when nothing is known yet."""
-        value = min(self._configured, self._learned.get(entity.casefold(), math.inf))
+        key = entity.casefold()
+        value = min(self._per_entity.get(key, self._default), self._learned.get(key, math.inf))
         return None if math.isinf(value) else value
 
 

@@ -41,12 +41,17 @@ class SessionLock:
 
     def __init__(
         self, receiver: ServiceBusReceiver, *, timeout: float, counters: ConsumerCounters,
-        requested: float | None = None, duration: float | None = None,
+        requested: float | None = None, durations: LockDurations | None = None, entity: str = "",
     ) -> None:
         self._receiver = receiver
-        # requested: time.monotonic() when the accept was asked for; duration: the lock duration known
+        # requested: time.monotonic() when the accept was asked for; durations: what is known of
+        # the entity's lock duration, which the session's grant itself tells (lock_clock.py)
         self._broker_until = receiver.session.locked_until_utc  # the broker's, before align_sdk
-        self.expiry = LockExpiry(time.monotonic() if requested is None else requested, duration, self._broker_until)
+        durations = LockDurations() if durations is None else durations
+        durations.observe(entity, self._broker_until)
+        self.expiry = LockExpiry(
+            time.monotonic() if requested is None else requested, durations.of(entity), self._broker_until
+        )
         self.align_sdk()
         self.management = asyncio.Lock()
         self._timeout = timeout

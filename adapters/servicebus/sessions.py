@@ -124,7 +124,7 @@ class _SessionSlot:
                 continue  # no session with messages within receive_wait, or not wanted now
             lock = SessionLock(
                 receiver, timeout=self._context.settle_timeout, counters=self._context.counters,
-                requested=requested, duration=self._context.durations.of(self.entity.path),
+                requested=requested, durations=self._context.durations, entity=self.entity.path,
             )
             hold: Hold | None = None
             try:
@@ -168,7 +168,7 @@ class _SessionSlot:
     async def _serve(self, receiver: ServiceBusReceiver, lock: SessionLock, hold: Hold) -> None:
         """Hand the session's messages out one at a time, the first a suspect when ``hold`` says so."""
         suspect = hold.suspect  # only the session's first delivery: the one a dead holder had
-        # Renewal starts with the first message, which tells how long the session lock is
+        # Renewal starts with the first message, which bounds the session lock further
         # (lock_clock.py); the first receive waits receive_wait, far less than any lock.
         renewing = not self._context.renew_locks
         route = Route(

@@ -214,3 +214,34 @@ async def test_a_queue_delivery_whose_connection_dropped_is_acked_by_lock_token_
     assert not first.lost and len(received.deliveries) == 1
     assert consumer.counters["reconnects"] == 1 and consumer.counters["locks_lost"] == 0
     assert queue.dead_letters == []
+
+
+# -- lock renewal for a message out of a backlog -------------------------------------------------------
+
+
+@pytest.mark.parametrize("sessions", [False, True], ids=["queue", "session"])
+async def test_a_message_out_of_a_backlog_keeps_its_lock_without_any_setting(sb: SBEnv, sessions: bool) -> None:
+    """A message that waited 8 s before a 5 s lock was granted: timed by ``locked_until -
+    enqueued_time`` (13 s) its first renewal came at 6.5 s, after the lock was gone (2 locks lost,
+    0 renewals). Timed by what the grant itself tells (``locked_until`` seen just now), a 10 s
+    handler keeps it."""
+    queue = sb.create_queue(lock_duration=LOCK, requires_session=sessions)
+    await sb.send(ServiceBusMessage(b"x", session_id="s1" if sessions else None))
+    queue.age_messages(8.0)  # Azure stamps the enqueued time; the message waited 8 s since
+    lapsed: list[float] = []
+
+    async def slow(delivery: ServiceBusDelivery) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 2 * LOCK:  # the handler's own work
+            if queue.locked_count == 0 or (sessions and queue.session_holder("s1") is None):
+                lapsed.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+        await delivery.ack()
+
+    received = Received(slow)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
+    delivery = await received.next()
+    await eventually(lambda: queue.messages == [], within=4 * LOCK, what="the completion")
+    assert (lapsed, delivery.lost, consumer.counters["locks_lost"]) == ([], False, 0)
+    assert consumer.counters["renewals"] >= 2
+    assert len(received.deliveries) == 1  # never redelivered

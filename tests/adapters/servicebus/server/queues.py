@@ -427,6 +427,12 @@ class Queue(SendTarget):
                 if session.owner is not None:
                     session.locked_until = min(session.locked_until, now)
 
+    def age_messages(self, seconds: float) -> None:
+        """Test hook: every held message was enqueued ``seconds`` earlier (a backlog that waited)."""
+        with self._lock:
+            for stored in self._messages.values():
+                stored.enqueued_time -= seconds
+
     # -- inspection (takes the namespace lock) -----------------------------------------------------
 
     def _snapshots(self, state: MessageState | None = None) -> list[MessageSnapshot]:
