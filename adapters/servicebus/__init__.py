@@ -146,6 +146,8 @@ def consumer_from_settings(settings: Settings) -> ServiceBusConsumer:
         session_entities=config.adapter.session_entities,
         settle_timeout=settings.settle_timeout,
         receive_wait=config.adapter.receive_wait,
+        lock_duration=config.adapter.lock_durations or None,
+        default_ttls=config.adapter.default_ttls,
     )
 
 

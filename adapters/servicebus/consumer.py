@@ -26,6 +26,7 @@ from .renewal import LockKeeper
 from .sessions import SessionPumps
 from .subscription import EntityPump, PumpContext
 from .topology import Entity, not_created_here
+from .ttl import DefaultTtls
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class ServiceBusConsumer(Consumer):
             clock in step with the broker's. Locks are timed on the worker's monotonic clock from
             the duration granted, otherwise learned from each lock's grant
             (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
+        default_ttls: ``{entity path: seconds}``, entities' DefaultMessageTimeToLive: Service Bus
+            applies it to a message without a TTL of its own but does not show it on the message,
+            so without it such a message is taken as never expiring by the retry guards
+            (:mod:`consumer_kit.adapters.servicebus.ttl`).
 
     Raises:
         ValueError: on invalid arguments.
@@ -69,6 +74,7 @@ class ServiceBusConsumer(Consumer):
         give_back_capacity: int = DEFAULT_CAPACITY,
         renew_locks: bool = True,
         lock_duration: float | Mapping[str, float] | None = None,
+        default_ttls: Mapping[str, float] | None = None,
     ) -> None:
         if settle_timeout <= 0 or receive_wait <= 0 or connect_timeout <= 0:
             raise ValueError("settle_timeout, receive_wait and connect_timeout must be > 0 seconds")
@@ -79,6 +85,7 @@ class ServiceBusConsumer(Consumer):
         self._connect_timeout = connect_timeout
         self._renew_locks = renew_locks
         self._durations = LockDurations(lock_duration)
+        self._ttls = DefaultTtls(default_ttls)
         self.counters = ConsumerCounters()
         self.give_backs = GiveBacks(give_back_capacity)
         self._keeper = LockKeeper()
@@ -217,6 +224,7 @@ class ServiceBusConsumer(Consumer):
                 connect_timeout=self._connect_timeout,
                 renew_locks=self._renew_locks,
                 durations=self._durations,
+                ttls=self._ttls,
             )
         return self._context
 

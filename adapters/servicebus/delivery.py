@@ -291,8 +291,10 @@ class ServiceBusDelivery(Delivery):
 
     def ttl_left(self, after: float = 0.0) -> float | None:
         """Seconds of the message's time to live left ``after`` seconds from now (monotonic clock;
-        its ``expires_at_utc`` is a broker time), ``None`` when it never expires."""
-        expires = self._message.expires_at_utc
+        its ``expires_at_utc`` is a broker time; without one, the entity's configured default,
+        :mod:`consumer_kit.adapters.servicebus.ttl`), ``None`` when it never expires as far as known."""
+        message = self._message
+        expires = self._route.ttls.expires_at(self.queue, message.expires_at_utc, message.enqueued_time_utc)
         if expires is None:
             return None
         local = self.local_time_of(expires)

@@ -19,6 +19,7 @@ from .redelivery import GiveBacks
 from .renewal import Renewal
 from .throttling import is_throttled
 from .topology import Entity
+from .ttl import DefaultTtls
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class Route:
         copies: sends retry and release copies (queues without sessions), else ``None``.
         session: the session lock covering the message (session entities), else ``None``.
         durations: the lock durations known per entity (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
+        ttls: the entities' default time to live, as configured (:mod:`consumer_kit.adapters.servicebus.ttl`).
         management: held around every ``$management`` request on ``receiver`` (lock renewals):
             the SDK sends concurrent requests on one link with out-of-order delivery ids, which an
             AMQP peer must refuse by closing the connection (seen as ``amqp:session:invalid-field,
@@ -130,5 +132,6 @@ class Route:
     copies: Copies | None = None
     session: SessionLock | None = None
     durations: LockDurations = field(default_factory=LockDurations)
+    ttls: DefaultTtls = field(default_factory=DefaultTtls)
     management: asyncio.Lock = field(default_factory=asyncio.Lock)
     replace: Callable[[Route], Awaitable[Route | None]] | None = None

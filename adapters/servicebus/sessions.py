@@ -173,7 +173,7 @@ class _SessionSlot:
         renewing = not self._context.renew_locks
         route = Route(
             self.entity, receiver, self._context.give_backs, self._context.counters, session=lock,
-            durations=self._context.durations,
+            durations=self._context.durations, ttls=self._context.ttls,
         )
         while not lock.lost:
             async with self._receiving:

@@ -49,6 +49,7 @@ from .renewal import LockKeeper
 from .route import Route
 from .throttling import backoff_seconds, is_throttled
 from .topology import Entity
+from .ttl import DefaultTtls
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class PumpContext:
         connect_timeout: seconds opening one receiver may take.
         renew_locks: renew held locks (``False`` only for tests that need a lock to lapse).
         durations: lock durations per entity (:mod:`consumer_kit.adapters.servicebus.lock_clock`).
+        ttls: entities' default time to live, as configured (:mod:`consumer_kit.adapters.servicebus.ttl`).
     """
 
     client: ServiceBusClient
@@ -80,6 +82,7 @@ class PumpContext:
     connect_timeout: float
     renew_locks: bool = True
     durations: LockDurations = field(default_factory=LockDurations)
+    ttls: DefaultTtls = field(default_factory=DefaultTtls)
 
 
 class EntityPump:
@@ -140,7 +143,7 @@ class EntityPump:
         self._receiver = receiver
         self._route = Route(
             self.entity, receiver, self._context.give_backs, self._context.counters, copies=self._copies,
-            durations=self._context.durations, replace=self._replacement_for,
+            durations=self._context.durations, ttls=self._context.ttls, replace=self._replacement_for,
         )
         for delivery in self._in_hand:  # each came through an earlier receiver
             delivery.off_its_link(self._route)

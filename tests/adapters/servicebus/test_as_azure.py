@@ -101,14 +101,45 @@ async def test_a_retry_copy_keeps_only_what_is_left_of_the_ttl(sb: SBEnv) -> Non
 
 
 async def test_a_retry_copy_that_would_be_due_after_the_ttl_is_dead_lettered(sb: SBEnv) -> None:
+    """The message sets no TTL: Azure applies the entity's default (15 s) without showing it on the
+    message (``expires_at_utc`` None), so the guard works from the default the operator states."""
     queue = sb.create_queue(lock_duration=LOCK, default_message_time_to_live=15)
     await sb.send(ServiceBusMessage(b"x"))
     received = Received(lambda d: d.retry(30))
-    consumer = await sb.subscribe(received, prefetch=1)
+    consumer = await sb.subscribe(received, prefetch=1, default_ttls={sb.queue: 15})
     await received.next()
     await eventually(lambda: len(queue.dead_letters) == 1, within=10, what="the dead letter")
     assert queue.dead_letters[0].dead_letter_reason == EXPIRES_BEFORE_RETRY
     assert queue.scheduled == [] and consumer.counters["retry_copies"] == 0
+
+
+async def test_a_message_without_its_own_ttl_shows_none_and_is_taken_as_never_expiring(sb: SBEnv) -> None:
+    """Azure leaves ``expires_at_utc`` None unless the sender set a TTL, whatever the entity's
+    default; the adapter then assumes no expiry: a delayed retry is a copy, not a dead letter."""
+    queue = sb.create_queue(lock_duration=LOCK, default_message_time_to_live=15)
+    await sb.send(ServiceBusMessage(b"x"))
+    received = Received(lambda d: d.ack() if d.delivery_count > 1 else d.retry(1.0))
+    consumer = await sb.subscribe(received, prefetch=1)
+    first, _again = await received.take(2)
+    assert (first._message.expires_at_utc, first._message.time_to_live) == (None, None)
+    assert first.ttl_left() is None and consumer.counters["retry_copies"] == 1
+    await eventually(lambda: queue.messages == [], within=5, what="the completion")
+    assert queue.dead_letters == []
+
+
+async def test_a_copy_of_a_message_under_the_entity_default_keeps_only_what_is_left(sb: SBEnv) -> None:
+    """With the entity's default stated, a retry copy of a message without its own TTL carries the
+    remaining time as its TTL: it never outlives the original's expiry (enqueued time + default)."""
+    queue = sb.create_queue(lock_duration=LOCK, default_message_time_to_live=60)
+    await sb.send(ServiceBusMessage(b"x"))
+    received = Received(lambda d: d.ack() if d.delivery_count > 1 else d.retry(1.0))
+    await sb.subscribe(received, prefetch=1, default_ttls={sb.queue: 60})
+    first, again = await received.take(2)
+    enqueued = first._message.enqueued_time_utc
+    assert enqueued is not None and again._message.expires_at_utc is not None
+    assert again._message.expires_at_utc <= enqueued + dt.timedelta(seconds=61)  # whole seconds
+    assert again._message.time_to_live is not None and again._message.time_to_live < dt.timedelta(seconds=60)
+    await eventually(lambda: queue.messages == [], within=5, what="the completion")
 
 
 # -- trace context -------------------------------------------------------------------------------------

@@ -820,3 +820,28 @@ def test_stop_closes_the_reactor_thread() -> None:
     assert any(t.name == "servicebus-test-server" for t in threading.enumerate())
     server.stop()
     assert {t.name for t in threading.enumerate()} <= before
+
+
+@bounded(20)
+async def test_a_topic_default_ttl_bounds_its_subscriptions_and_is_not_shown_on_the_message(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """*Message expiration*: the entity's default TTL is the default and the ceiling; a topic's
+    applies to what its subscriptions keep. Azure shows no TTL the sender did not set."""
+    server.create_topic("ledger", default_message_time_to_live=30.0)
+    audit = server.create_subscription("ledger", "audit")
+    async with client.get_topic_sender("ledger", keep_alive=0) as sender:
+        await sender.send_messages(ServiceBusMessage("no-ttl"))
+    [held] = audit.messages
+    assert held.expires_at - time.time() <= 30.0  # the topic's default applied
+    async with client.get_subscription_receiver(
+        "ledger", "audit", prefetch_count=1, keep_alive=0, socket_timeout=0.05
+    ) as receiver:
+        message = await receive_one(receiver)
+        assert (message.time_to_live, message.expires_at_utc) == (None, None)
+        await receiver.abandon_message(message)
+    try:
+        server.skew_clock(31.0)
+        await eventually(lambda: audit.messages == [], within=5, what="the expiry")
+    finally:
+        server.skew_clock(0.0)

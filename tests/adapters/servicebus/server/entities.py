@@ -30,6 +30,11 @@ class Topic(SendTarget):
         self.rules: dict[str, dict[str, Rule]] = {}  # by subscription name (casefolded), then rule name
 
     def _accept(self, stored: StoredMessage) -> None:
+        # A topic's default TTL bounds what its subscriptions keep ("Message expiration": the
+        # entity's default is the default and the ceiling); each subscription's own applies too.
+        default = self.options.default_message_time_to_live
+        if default is not None:
+            stored.time_to_live = min(stored.time_to_live, default)
         for key, subscription in self.subscriptions.items():
             if any_rule_matches(self.rules.get(key, {}), stored.content):
                 subscription.enqueue_copy(stored)

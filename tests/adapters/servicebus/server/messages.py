@@ -91,7 +91,9 @@ class StoredMessage:
             delivery_count=self.delivery_count,
             annotations=annotations,
             delivery_annotations=delivery_annotations,
-            time_to_live=self.time_to_live,
+            # Azure shows no TTL the sender did not set (the entity's default applies unseen:
+            # azure-sdk-for-net #21127, Azure/azure-service-bus #432)
+            time_to_live=self.time_to_live if self.content.time_to_live is not None else None,
         )
 
     def snapshot(self, now: float) -> MessageSnapshot:
