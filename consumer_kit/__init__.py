@@ -10,6 +10,7 @@ from consumer_kit.app import App, load_app
 from consumer_kit.broker import Consumer, Delivery, Settlement
 from consumer_kit.broker.publishing import OutgoingMessage, Publisher
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.context import Context
 from consumer_kit.effects import Evidence, Reconciled
 from consumer_kit.errors import (
     ConfigurationError,
@@ -23,7 +24,7 @@ from consumer_kit.errors import (
     RetryableError,
     StaleVersion,
 )
-from consumer_kit.handler import Context, Handler
+from consumer_kit.handler import Handler
 from consumer_kit.identity import canonical_json, fingerprint
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.outcomes import DeliveryReport, Outcome

@@ -45,6 +45,7 @@ from consumer_kit.cli.console import (
     version_callback,
 )
 from consumer_kit.db.embedded import database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.settings import EMBEDDED
 from consumer_kit.telemetry.setup import install
 
@@ -175,7 +176,7 @@ async def _run(settings: RelaySettings, *, once: bool, gauges: bool = False, int
 
         async with DatabaseGauges(
             database_url(settings), settings.db_schema, outbox=True, max_attempts=settings.relay_max_attempts,
-            interval=interval,
+            interval=interval, connect=connect_options(settings),
         ):
             await relay.run(once=once)
     else:
@@ -309,7 +310,7 @@ def _store(settings: OutboxSettings) -> OutboxStore:
 
 
 async def _connect(settings: OutboxSettings) -> psycopg.AsyncConnection[Any]:
-    return await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True)
+    return await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True, **connect_options(settings))
 
 
 def main() -> None:

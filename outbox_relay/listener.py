@@ -17,12 +17,23 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from tenacity import AsyncRetrying, retry_if_exception_type
 
+from consumer_kit.db.pooler import in_transaction_mode
 from consumer_kit.resilience.backoff import Backoff
 from consumer_kit.resilience.supervised import Supervised
 
 from .reconnect import close_quietly, log_retry
 
 logger = logging.getLogger("consumer_kit.outbox_relay.listener")
+
+
+def listen_url(settings: Any, database_url: str) -> str | None:
+    """The URL the relay LISTENs on, or ``None`` to poll only: ``relay_listen_url`` (``off``:
+    none); unset, ``database_url`` unless it goes through a transaction-mode pooler, where a
+    LISTEN holds a server connection that other clients' transactions share (docs/scaling.md)."""
+    chosen = getattr(settings, "relay_listen_url", None)
+    if chosen is not None:
+        return None if chosen.strip().lower() == "off" else chosen
+    return None if in_transaction_mode(settings) else database_url
 
 
 class NotifyListener:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import ExitStack
+from typing import Protocol, runtime_checkable
 
 from opentelemetry import propagate, trace
 
@@ -30,6 +31,14 @@ from .routing import Routing
 from .store import ClaimedRow, Failure
 
 logger = logging.getLogger("consumer_kit.outbox_relay")
+
+
+@runtime_checkable
+class Connectable(Protocol):
+    """A publisher that can open its broker connection before the first publish (RabbitMQ,
+    memory): the relay's start-up probe. Publishers without it are probed by their first publish."""
+
+    async def connect(self) -> None: ...
 
 
 class RowPublisher:

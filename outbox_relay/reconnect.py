@@ -52,18 +52,19 @@ async def close_quietly(conn: AsyncConnection[Any]) -> None:
         pass
 
 
-async def open_connection(database_url: str) -> AsyncConnection[Any]:
-    """One attempt at the relay's autocommit connection (10 s connect timeout).
+async def open_connection(database_url: str, **options: Any) -> AsyncConnection[Any]:
+    """One attempt at the relay's autocommit connection (10 s connect timeout; ``options``: more
+    psycopg connect arguments, e.g. ``consumer_kit.db.pooler.connect_options``).
 
     Raises:
         psycopg.OperationalError: refused or unreachable.
     """
     return await AsyncConnection.connect(
-        database_url, autocommit=True, connect_timeout=10, application_name="outbox-relay"
+        database_url, autocommit=True, connect_timeout=10, application_name="outbox-relay", **options
     )
 
 
-async def connect_until_stopped(database_url: str, stop: asyncio.Event) -> AsyncConnection[Any]:
+async def connect_until_stopped(database_url: str, stop: asyncio.Event, **options: Any) -> AsyncConnection[Any]:
     """:func:`open_connection`, retried with exponential backoff (0.2 s doubling up to 10 s,
     tenacity) until it works or ``stop`` is set.
 
@@ -81,7 +82,7 @@ async def connect_until_stopped(database_url: str, stop: asyncio.Event) -> Async
     conn: AsyncConnection[Any] | None = None
     async for attempt in retrying:
         with attempt:
-            conn = await open_connection(database_url)
+            conn = await open_connection(database_url, **options)
     assert conn is not None
     return conn
 

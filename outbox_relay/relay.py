@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
@@ -35,6 +35,7 @@ from psycopg import AsyncConnection
 from consumer_kit.broker.publishing import Publisher
 from consumer_kit.codec.redaction import redact_url
 from consumer_kit.db.embedded import database_url as resolve_database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import ConfigurationError
 from consumer_kit.ledger.mark_keys import install_mark_keys
 from consumer_kit.outbox import notify_channel
@@ -45,8 +46,8 @@ from consumer_kit.worker.health import Health
 
 from .binding import check_binding
 from .counters import RelayCounters
-from .listener import NotifyListener
-from .publishing import RowPublisher
+from .listener import NotifyListener, listen_url
+from .publishing import Connectable, RowPublisher
 from .reconnect import (
     close_quietly,
     connect_error,
@@ -65,13 +66,6 @@ _BACKOFF_MAX = 5.0
 CLEANUP_INTERVAL = 60.0
 """Seconds between the relay's passes deleting published rows past ``RELAY_RETENTION`` (each pass
 deletes in statements of ``RELAY_CLEANUP_BATCH`` rows); was ``CONSUMER_KIT_RELAY_CLEANUP_INTERVAL``."""
-
-@runtime_checkable
-class _Connectable(Protocol):
-    """A publisher that can open its broker connection before the first publish (RabbitMQ,
-    memory): the relay's start-up probe. Publishers without it are probed by their first publish."""
-
-    async def connect(self) -> None: ...
 
 
 class Relay:
@@ -166,7 +160,7 @@ class Relay:
     async def _start(self, listen: bool) -> None:
         self._database_url = resolve_database_url(self.settings)
         try:
-            self._conn = await open_connection(self._database_url)
+            self._conn = await open_connection(self._database_url, **connect_options(self.settings))
         except psycopg.OperationalError as exc:
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact_url(self._database_url)}: {connect_error(exc)}"
@@ -179,26 +173,25 @@ class Relay:
             from consumer_kit.broker.registry import open_publisher
 
             self._publisher = open_publisher(self.settings)
-        if isinstance(self._publisher, _Connectable):
+        if isinstance(self._publisher, Connectable):
             await self._publisher.connect()
         self._rows = RowPublisher(
             self._publisher, self.routing, self.counters, relay_id=self.relay_id,
             messaging_system=self.messaging_system, max_in_flight=self.settings.relay_max_in_flight,
         )
-        if listen:
-            self._listener = NotifyListener(
-                self._database_url, notify_channel(self.settings.db_schema), self._on_notify
-            )
+        url = listen_url(self.settings, self._database_url) if listen else None
+        if url is not None:
+            self._listener = NotifyListener(url, notify_channel(self.settings.db_schema), self._on_notify)
             self._listener.start()
             await self._listener.wait_connected(10.0)
         if self.settings.relay_health_port is not None:
             await self.health.serve(self.settings.relay_health_port, self.settings.relay_health_host)
         logger.info(
-            "relay %s started: schema=%s broker=%s batch=%s in_flight=%s ordered=%s lease=%.1fs poll=%.1fs",
-            self.relay_id, self.settings.db_schema, redact_url(self.settings.broker_url),
-            self.settings.relay_batch_size, self.settings.relay_max_in_flight,
-            self.settings.relay_ordered, self.settings.relay_claim_timeout,
-            self.settings.relay_poll_interval,
+            "relay %s started: schema=%s broker=%s batch=%s in_flight=%s ordered=%s lease=%.1fs poll=%.1fs"
+            " wakeup=%s", self.relay_id, self.settings.db_schema, redact_url(self.settings.broker_url),
+            self.settings.relay_batch_size, self.settings.relay_max_in_flight, self.settings.relay_ordered,
+            self.settings.relay_claim_timeout, self.settings.relay_poll_interval,
+            f"LISTEN on {redact_url(url)}" if url else "polling",
         )
 
     def request_stop(self) -> None:
@@ -377,8 +370,6 @@ class Relay:
         self._outage = None
         self._outage_backoff = _BACKOFF_FIRST
 
-
-
     async def _connection(self) -> AsyncConnection[Any]:
         """The relay's autocommit connection, reopened (with backoff) when it was lost.
 
@@ -387,7 +378,7 @@ class Relay:
         """
         if self._conn is None or self._conn.closed:
             assert self._database_url is not None, "start() first"
-            self._conn = await connect_until_stopped(self._database_url, self._stop)
+            self._conn = await connect_until_stopped(self._database_url, self._stop, **connect_options(self.settings))
         return self._conn
 
 

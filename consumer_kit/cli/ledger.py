@@ -34,6 +34,7 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.db.embedded import database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import Refused
 from consumer_kit.ledger.inspect import (
     COMPLETED_DECISION,
@@ -188,7 +189,7 @@ def _settings(schema: str | None, embedded: bool, program: str) -> DatabaseSetti
 
 def _run(settings: DatabaseSettings, query: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
     async def run() -> T:
-        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True, **connect_options(settings)) as conn:
             return await query(conn)
 
     with user_errors(settings):

@@ -44,6 +44,7 @@ from consumer_kit.cli.serve_console import console as console_command
 from consumer_kit.cli.stats import stats as stats_command
 from consumer_kit.cli.watch import watch as watch_command
 from consumer_kit.db.embedded import database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.ledger import migrate as migrate_schema
 from consumer_kit.settings import EMBEDDED, DatabaseSettings, Settings, TelemetrySettings
 from consumer_kit.telemetry.setup import install
@@ -93,7 +94,7 @@ def migrate(
     )
 
     async def run() -> list[int]:
-        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True, **connect_options(settings)) as conn:
             return await migrate_schema(conn, settings.db_schema, partitions=partitions)
 
     with user_errors(settings):
@@ -178,7 +179,9 @@ async def _with_gauges(run: Coroutine[Any, Any, None], settings: Settings, gauge
         return
     from consumer_kit.ops.gauges import DatabaseGauges
 
-    async with DatabaseGauges(database_url(settings), settings.db_schema, ledger=True, interval=interval):
+    async with DatabaseGauges(
+        database_url(settings), settings.db_schema, ledger=True, interval=interval, connect=connect_options(settings)
+    ):
         await run
 
 

@@ -26,6 +26,7 @@ from consumer_kit.cli.console import (
 )
 from consumer_kit.cli.ledger import Schema, parse_duration
 from consumer_kit.db.embedded import database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.ledger.outcome_counts import OUTCOME_COUNTS_RETENTION, OutcomeCountBook
 from consumer_kit.ledger.retention import Pruner
 from consumer_kit.settings import EMBEDDED, DatabaseSettings
@@ -62,7 +63,7 @@ def prune(
     outcome_counts = OutcomeCountBook(settings.db_schema)
 
     async def run() -> tuple[int, int, int]:
-        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(database_url(settings), autocommit=True, **connect_options(settings)) as conn:
             counts = await pruner.count(conn)
             old_minutes = await outcome_counts.count_old(conn, older_than=counts_retention)
             if dry_run:

@@ -31,6 +31,7 @@ from consumer_kit.app import App
 from consumer_kit.codec.plain_text import escape_controls
 from consumer_kit.codec.redaction import redact, redact_url
 from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, Guard, Identity, same_origin
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import ConfigurationError, Refused
 from consumer_kit.identity import downstream_key
 from consumer_kit.ledger.audit import AuditEntry, AuditLog
@@ -232,7 +233,7 @@ class _Console:
         url = ledger_url(self.settings)  # "embedded": the embedded server the worker used
         if url is None:
             raise Refused("no database: set CONSUMER_KIT_DATABASE_URL")
-        return psycopg.AsyncConnection.connect(url, autocommit=True)
+        return psycopg.AsyncConnection.connect(url, autocommit=True, **connect_options(self.settings))
 
     def actor(self, request: Request) -> str:
         identity: Identity = request.state.identity

@@ -18,7 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.codec.redaction import redact, redact_url
-from consumer_kit.db import prepared
+from consumer_kit.db import pooler, prepared
 from consumer_kit.db.deadlines import overran, step_bound
 from consumer_kit.db.pg_wait import KeptWaitConnection
 from consumer_kit.errors import ConfigurationError, StatementTimeout
@@ -79,26 +79,39 @@ async def discard(conn: psycopg.AsyncConnection[Any]) -> None:
         pass
 
 
-def connection_options(settings: Settings, search_path: str | None) -> dict[str, Any]:
-    """libpq keyword arguments of every worker connection.
+def session_settings(settings: Settings, search_path: str | None) -> dict[str, str]:
+    """The settings every worker session runs with (name -> value as PostgreSQL reads it).
 
     ``lock_timeout`` (at least 1 ms: PostgreSQL reads 0 as "no limit") bounds how long a claim
     waits on a concurrent claimer of the same key; ``idle_in_transaction_session_timeout``
     (``Settings.effective_idle_in_transaction_timeout``) ends the session of a process frozen
     inside a transaction (SIGSTOP, a paused VM), which would otherwise hold its claim's row lock
-    for as long as it stays frozen; keepalives and ``tcp_user_timeout`` make a dead peer fail the
-    connection instead of leaving it open.
+    for as long as it stays frozen. With ``settings.outbox_notify`` off, outbox writes send no
+    NOTIFY; ``search_path`` sets where the handlers' unqualified table names resolve.
     """
-    lock_ms = max(1, round(settings.lock_timeout * 1000))
-    idle_ms = max(1, round(settings.effective_idle_in_transaction_timeout * 1000))
-    options = f"-c lock_timeout={lock_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+    local = {
+        "lock_timeout": str(max(1, round(settings.lock_timeout * 1000))),
+        "idle_in_transaction_session_timeout": str(
+            max(1, round(settings.effective_idle_in_transaction_timeout * 1000))
+        ),
+    }
     if not settings.outbox_notify:
-        options += " -c consumer_kit.outbox_notify=off"
+        local["consumer_kit.outbox_notify"] = "off"
     if search_path:
-        options += f" -c search_path={search_path}"
-    return {
+        local["search_path"] = search_path
+    return local
+
+
+def connection_options(settings: Settings, search_path: str | None) -> dict[str, Any]:
+    """libpq keyword arguments of every worker connection.
+
+    Direct: :func:`session_settings` as the ``options`` startup parameter. Behind a
+    transaction-mode pooler (:mod:`consumer_kit.db.pooler`): no ``options`` (the settings go in
+    every transaction instead) and no psycopg prepared statements. Keepalives and
+    ``tcp_user_timeout`` make a dead peer fail the connection instead of leaving it open.
+    """
+    kwargs: dict[str, Any] = {
         "autocommit": True,
-        "options": options,
         "connect_timeout": max(2, round(settings.statement_timeout)),
         "keepalives": 1,
         "keepalives_idle": 10,
@@ -106,6 +119,11 @@ def connection_options(settings: Settings, search_path: str | None) -> dict[str,
         "keepalives_count": 3,
         "tcp_user_timeout": round(settings.statement_timeout * 1000),
     }
+    if pooler.in_transaction_mode(settings):
+        kwargs["prepare_threshold"] = None
+    else:
+        kwargs["options"] = " ".join(f"-c {k}={v}" for k, v in session_settings(settings, search_path).items())
+    return kwargs
 
 
 async def open_pool(
@@ -121,12 +139,21 @@ async def open_pool(
         ConfigurationError: PostgreSQL cannot be reached or refuses the URL (checked with one
             connection first, so a wrong URL fails at once instead of after the pool's timeout).
     """
-    await _check_reachable(database_url)
+    kwargs = connection_options(settings, search_path)
+    await _check_reachable(database_url, kwargs)
+    configure = None
+    if pooler.in_transaction_mode(settings):
+        begin = pooler.begin_with(session_settings(settings, search_path))
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            pooler.register(conn, begin)
+
     pool: AsyncConnectionPool = cast(AsyncConnectionPool, AsyncConnectionPool(
         database_url,
         min_size=1,
         max_size=size or settings.effective_pool_size,
-        kwargs=connection_options(settings, search_path),
+        kwargs=kwargs,
+        configure=configure,
         connection_class=KeptWaitConnection,  # one loop registration per connection, not per wait
         open=False,
         name="consumer-kit",
@@ -166,13 +193,15 @@ async def probe_writable(database_url: str, *, timeout: float) -> str | None:
     return None
 
 
-async def _check_reachable(database_url: str) -> None:
+async def _check_reachable(database_url: str, kwargs: dict[str, Any]) -> None:
+    """One connection opened as the pool opens its own (``kwargs``: its startup parameters)."""
     try:
-        conn = await psycopg.AsyncConnection.connect(database_url, connect_timeout=10)
+        conn = await psycopg.AsyncConnection.connect(database_url, **{**kwargs, "connect_timeout": 10})
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
-        raise ConfigurationError(
-            f"cannot connect to PostgreSQL at {redact_url(database_url)}: {_first_line(exc)}"
-        ) from None
+        why = _first_line(exc)
+        if "startup parameter" in why:  # PgBouncer refusing `options`
+            why += " (a pooler in transaction mode: set CONSUMER_KIT_DATABASE_POOLER=transaction)"
+        raise ConfigurationError(f"cannot connect to PostgreSQL at {redact_url(database_url)}: {why}") from None
     await conn.close()
 
 

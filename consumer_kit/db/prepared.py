@@ -14,6 +14,9 @@ DROP or ALTER on a connection where it prepared statements of its own, and a han
 session's statements here (a PREPARE that finds its statement still there is taken as done), and
 an EXECUTE that finds its statement gone (``InvalidSqlStatementName``) rolls back, prepares it
 again and retries once.
+
+Behind a transaction-mode pooler (:mod:`consumer_kit.db.pooler`) nothing is prepared: the claim is
+sent as text after the pooler's BEGIN and its ``SET LOCAL``s, still in one round trip.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg import errors as pg_errors
 from psycopg.rows import DictRow, dict_row
+
+from consumer_kit.db import pooler
 
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
 
@@ -49,6 +54,7 @@ class SessionStatement:
         positions = {name: b"$%d" % i for i, name in enumerate(names, 1)}
         self.name = b"%s_%s" % (prefix.encode(), hashlib.sha1(statement).hexdigest()[:12].encode())
         self._prepare = b"PREPARE " + self.name + b" AS " + _PLACEHOLDER.sub(lambda m: positions[m.group(1)], statement)
+        self._text = statement
         self._begin_and_execute = (
             b"BEGIN; EXECUTE " + self.name + b"(" + b", ".join(b"%(" + n + b")s" for n in names) + b")"
         )
@@ -73,6 +79,9 @@ class SessionStatement:
             return await self._run(conn, params)
 
     async def _run(self, conn: AsyncConnection[Any], params: dict[str, Any]) -> list[DictRow]:
+        begin = pooler.begin_statement(conn)
+        if begin is not None:
+            return await self._run_as_text(conn, begin, params)
         prepared = _PREPARED_ON.setdefault(conn, set())
         if self.name not in prepared:
             try:
@@ -83,4 +92,11 @@ class SessionStatement:
         async with AsyncClientCursor(conn, row_factory=dict_row) as client:
             await client.execute(self._begin_and_execute, params)
             client.nextset()  # past BEGIN's result
+            return await client.fetchall()
+
+    async def _run_as_text(self, conn: AsyncConnection[Any], begin: bytes, params: dict[str, Any]) -> list[DictRow]:
+        async with AsyncClientCursor(conn, row_factory=dict_row) as client:
+            await client.execute(begin + b"; " + self._text, params)
+            while client.nextset():  # past BEGIN's (and the set_config's) results
+                pass
             return await client.fetchall()

@@ -63,16 +63,19 @@ class DatabaseGauges:
         max_attempts: the relay's ``relay_max_attempts`` (what counts as parked).
         interval: seconds between refreshes (> 0; default :data:`DEFAULT_INTERVAL`).
         statement_timeout: seconds each refresh may take.
+        connect: more psycopg connect arguments (``consumer_kit.db.pooler.connect_options``).
     """
 
     def __init__(
         self, database_url: str, schema: str, *, ledger: bool = False, outbox: bool = False,
         max_attempts: int = 20, interval: float | None = None, statement_timeout: float = 5.0,
+        connect: dict[str, Any] | None = None,
     ) -> None:
         interval = DEFAULT_INTERVAL if interval is None else interval
         if interval <= 0:
             raise ValueError("interval must be > 0 seconds")
         self.database_url = database_url
+        self._connect_options = connect or {}  # more psycopg connect arguments (db.pooler.connect_options)
         self.schema = schema
         self.ledger = ledger
         self.outbox = outbox
@@ -146,7 +149,8 @@ class DatabaseGauges:
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:
             self._conn = await psycopg.AsyncConnection.connect(
-                self.database_url, autocommit=True, application_name="consumer-kit gauges"
+                self.database_url, autocommit=True, application_name="consumer-kit gauges",
+                **self._connect_options,
             )
         return self._conn
 

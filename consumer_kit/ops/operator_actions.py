@@ -27,6 +27,7 @@ from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.codec import marks
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.embedded import database_url
+from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import InvalidMessage, Refused
 from consumer_kit.ledger.audit import NOTE_CHARS, AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, NOT_DONE_DECISION, LedgerInspector
@@ -173,7 +174,7 @@ async def dead_letter_rows(settings: BrokerSettings, app: App | None, letters: l
     times: dict[str, tuple[dt.datetime, dt.datetime]] = {}
     url = ledger_url(settings)
     if url is not None and any(keys):
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True, **connect_options(settings)) as conn:
             times = await failure_times(conn, settings.db_schema, sorted({k for k in keys if k}))
     rows = []
     for letter, key in zip(letters, keys, strict=True):
@@ -276,7 +277,7 @@ async def open_dead_letter_queues(settings: BrokerSettings) -> AsyncIterator[Dea
 
     url = ledger_url(settings)
     if url is not None:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True, **connect_options(settings)) as conn:
             await install_mark_keys(conn, settings)
     elif settings.mark_key is not None:
         marks.install(settings.mark_key.get_secret_value().encode(), source="settings")

@@ -39,8 +39,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.context import Context
 from consumer_kit.errors import CommitUncertain, StaleConnection, TransactionEnded
-from consumer_kit.handler import Context, batches_at_once
+from consumer_kit.handler import batches_at_once
 from consumer_kit.model.results import StoredResult
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints

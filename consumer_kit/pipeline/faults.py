@@ -18,7 +18,9 @@ environment    database unreachable or shutting down (class    give the delivery
                08, 57P01-57P05), read-only (25006), too many   pause consuming, probe, resume
                connections (53300), disk full (53100), a
                system error (class 58), pool exhausted, a
-               framework statement that did not answer in time
+               framework statement that did not answer in time,
+               a pooler's lost prepared statement (26000,
+               42P05 on psycopg's or consumer-kit's own)
 =============  ==============================================  ==================================
 
 A unique violation (23505) stays a handler fault: it is usually a race with another operation,
@@ -39,6 +41,7 @@ statement failed runs on its own (docs/how-to/batches.md): its batch-mates never
 from __future__ import annotations
 
 import enum
+import re
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -62,6 +65,11 @@ _CONTENTION = frozenset({"55P03", "40P01", "40001"})
 # too_many_connections (the rest of class 53 follows one statement: module docstring).
 _ENVIRONMENT = frozenset({"57P01", "57P02", "57P03", "57P04", "57P05", "25006", "53100", "53300"})
 _ENVIRONMENT_CLASSES = ("08", "58")  # connection exception, system error
+# 26000 invalid_sql_statement_name, 42P05 duplicate_prepared_statement on a statement of psycopg's
+# (``_pg3_N``) or of consumer-kit's (``ck_``): a transaction-mode pooler sent it to another server
+# (docs/scaling.md), not a fault of the message. A handler's own statement names stay its own.
+_LOST_STATEMENT = frozenset({"26000", "42P05"})
+_OWN_STATEMENT = re.compile(r'prepared statement "(_pg3_|ck_)')
 
 
 def classify(exc: BaseException) -> FaultKind:
@@ -78,6 +86,8 @@ def classify(exc: BaseException) -> FaultKind:
         if sqlstate in _CONTENTION:
             return FaultKind.CONTENTION
         if sqlstate in _ENVIRONMENT or sqlstate.startswith(_ENVIRONMENT_CLASSES):
+            return FaultKind.ENVIRONMENT
+        if sqlstate in _LOST_STATEMENT and _OWN_STATEMENT.search(str(exc)):
             return FaultKind.ENVIRONMENT
         if sqlstate.startswith("22") or sqlstate in _DETERMINISTIC or isinstance(exc, psycopg.DataError):
             return FaultKind.MESSAGE  # psycopg raises DataError itself for a value it cannot send (NUL)

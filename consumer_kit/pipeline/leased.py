@@ -37,10 +37,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.context import Context
 from consumer_kit.db.pool import bounded
 from consumer_kit.effects import Evidence, Reconciled, Reconciliation
 from consumer_kit.errors import CommitUncertain, LeaseLost, PermanentFailure, SimulatedCrash, TransactionEnded
-from consumer_kit.handler import Context
 from consumer_kit.ledger import EvidenceBook
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.results import Result, StoredResult

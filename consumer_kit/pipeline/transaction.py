@@ -16,7 +16,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import AsyncConnectionPool
 
-from consumer_kit.db import prepared
+from consumer_kit.db import pooler, prepared
 from consumer_kit.db.deadlines import overran, step_bound
 from consumer_kit.db.pool import BEGIN, COMMIT, COMMIT_AND_RESET, ROLLBACK_AND_RESET, bounded, discard
 from consumer_kit.errors import (
@@ -39,7 +39,7 @@ async def begin(conn: psycopg.AsyncConnection[Any], timeout: float) -> None:
     """
     try:
         async with bounded(timeout, "BEGIN"):
-            await conn.execute(BEGIN)
+            await conn.execute(pooler.begin_statement(conn) or BEGIN)
     except psycopg.OperationalError as exc:
         if conn.broken:
             raise StaleConnection from exc

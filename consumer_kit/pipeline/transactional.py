@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from consumer_kit.broker import Delivery
 from consumer_kit.codec.envelope import Envelope
+from consumer_kit.context import Context
 from consumer_kit.db.deadlines import DeliveryClock
 from consumer_kit.errors import (
     CommitUncertain,
@@ -28,7 +29,6 @@ from consumer_kit.errors import (
     TransactionEnded,
     UnsupportedNumber,
 )
-from consumer_kit.handler import Context
 from consumer_kit.model.fence import Fence
 from consumer_kit.model.verdict import Verdict, VerdictKind
 from consumer_kit.pipeline import crashpoints

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
@@ -50,6 +51,15 @@ class DatabaseSettings(GroupSettings):
     )
     embedded_data_dir: Path = Field(
         default=Path(".consumer-kit/pgdata"), description="Data directory of the embedded PostgreSQL."
+    )
+    database_pooler: Literal["none", "transaction"] = example(
+        "transaction",
+        "What sits between consumer-kit and PostgreSQL. 'none': a direct connection (or a pooler in"
+        " session mode). 'transaction': a pooler in transaction mode (PgBouncer pool_mode ="
+        " transaction, RDS Proxy, Supavisor): no options startup parameter and no prepared"
+        " statements; lock_timeout, idle_in_transaction_session_timeout and search_path are set in"
+        " every transaction instead (docs/scaling.md).",
+        default="none", rule="must be 'none' or 'transaction'",
     )
     mark_key: SecretStr | None = Field(
         default=None, min_length=16,

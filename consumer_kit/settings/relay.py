@@ -115,6 +115,12 @@ class RelaySettings(BrokerSettings, OutboxSettings):
         description="Fallback poll when no NOTIFY arrives (lost, missed, or OUTBOX_NOTIFY=false);"
         " each poll is a claim query, hence the floor.",
     )
+    relay_listen_url: str | None = example(
+        "postgresql://user:password@db.example:5432/app",
+        "Where the relay LISTENs for the outbox's NOTIFY: a direct PostgreSQL URL (LISTEN does not"
+        " work through a transaction-mode pooler), or 'off' to poll only. Unset: DATABASE_URL,"
+        " or polling every RELAY_POLL_INTERVAL when DATABASE_POOLER=transaction. Shown at start.",
+    )
     relay_ordered: bool = example(
         "true", "Publish rows of one partition key one at a time in commit order.",
         default=True, rule="must be true or false",

@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [  # lowest first: the table of docs/explanation
     ("consumer_kit.identity", "consumer_kit.tenancy", "consumer_kit.versions", "consumer_kit.effects"),
     ("consumer_kit.ledger", "consumer_kit.outbox"),
     ("consumer_kit.broker",),
-    ("consumer_kit.handler", "consumer_kit.app"),
+    ("consumer_kit.handler", "consumer_kit.context", "consumer_kit.app"),
     ("consumer_kit.pipeline",),
     ("consumer_kit.http", "consumer_kit.ops", "consumer_kit.worker", "consumer_kit.testing"),
     ("consumer_kit.cli", "consumer_kit.console_web", "consumer_kit.__main__"),
@@ -138,7 +138,7 @@ def test_no_module_imports_another_in_a_circle() -> None:
 
 
 STILL_LONG = {  # being split: this set only shrinks, and no other module may pass 400 lines
-    "consumer_kit.handler", "consumer_kit.codec.headers", "consumer_kit.outbox_relay.relay",
+    "consumer_kit.codec.headers",
 }
 
 

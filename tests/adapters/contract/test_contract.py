@@ -17,9 +17,9 @@ import pytest
 from consumer_kit import Outcome, RetryableError
 from consumer_kit.broker import DeadLetterQueues, Settlement
 from consumer_kit.broker.publishing import OutgoingMessage
+from consumer_kit.context import Context
 from consumer_kit.demo.app import CreateInvoice, CreateInvoiceHandler
 from consumer_kit.errors import PublishError
-from consumer_kit.handler import Context
 from consumer_kit.pipeline import crashpoints
 from consumer_kit.pipeline.crashpoints import CrashPoint
 from tests.adapters.contract.conftest import Contract
