@@ -845,3 +845,18 @@ async def test_a_topic_default_ttl_bounds_its_subscriptions_and_is_not_shown_on_
         await eventually(lambda: audit.messages == [], within=5, what="the expiry")
     finally:
         server.skew_clock(0.0)
+
+
+@bounded(20)
+async def test_an_entity_created_without_a_lock_duration_locks_for_sixty_seconds(
+    server: ServiceBusTestServer, client: ServiceBusClient
+) -> None:
+    """``CreateQueueOptions.LockDuration``: 1 minute by default, as on Azure."""
+    server.create_queue("plain")
+    await send(client, "plain", ServiceBusMessage("x"))
+    async with open_receiver(client, "plain") as receiver:
+        message = await receive_one(receiver)
+        assert message.locked_until_utc is not None and message.enqueued_time_utc is not None
+        granted = (message.locked_until_utc - message.enqueued_time_utc).total_seconds()
+        assert 59.0 <= granted <= 61.0
+        await receiver.complete_message(message)

@@ -38,7 +38,7 @@ class EntityOptions:
     messages to the dead-letter queue (reason ``TTLExpiredException``) instead of dropping them.
     """
 
-    lock_duration: float = 30.0  # MIN_LOCK_DURATION..MAX_LOCK_DURATION
+    lock_duration: float = 60.0  # MIN_LOCK_DURATION..MAX_LOCK_DURATION; 60 s: Azure's default LockDuration
     max_delivery_count: int | None = 10
     requires_session: bool = False
     duplicate_detection_window: float | None = None
