@@ -37,7 +37,7 @@ from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.model.results import Result
 from consumer_kit.model.retention import Retention
-from consumer_kit.outbox import pending_event
+from consumer_kit.outbox import event_id_for, pending_event
 from consumer_kit.tenancy import check_tenant_senders, refuse_tenant
 
 M = TypeVar("M", bound=BaseModel)
@@ -167,6 +167,7 @@ class Context:
             payload=event.model_dump(mode="json"),
             partition_key=partition_key,
             headers=headers or {},
+            event_id=event_id_for(self.operation.scope, self.operation.key, self.operation.fingerprint, len(self.events)),
         )
         self.events.append(pending)
         return pending.event_id
