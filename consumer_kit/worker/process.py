@@ -38,6 +38,7 @@ from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.broker.registry import open_consumer
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.redaction import redact_url
+from consumer_kit.db.durability import describe_durability
 from consumer_kit.db.embedded import database_url
 from consumer_kit.db.pool import open_pool, probe_writable
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
@@ -376,6 +377,7 @@ class Worker:
                     f"{', '.join(map(str, missing))}: run `consumer-kit migrate` first"
                 )
             await install_mark_keys(conn, self.settings)
+            logger.info("durability: %s", await describe_durability(conn))
             await run_startup_hooks(conn, self.settings.db_schema, self.app.startup)
 
     def _install_signal_handlers(self) -> None:
