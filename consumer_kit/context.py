@@ -16,7 +16,7 @@ from consumer_kit.errors import ConfigurationError, ContextSealed
 from consumer_kit.identity import downstream_key
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.outbox import pending_event
+from consumer_kit.outbox import event_id_for, pending_event
 
 
 class Context:
@@ -143,6 +143,7 @@ class Context:
             payload=event.model_dump(mode="json"),
             partition_key=partition_key,
             headers=headers or {},
+            event_id=event_id_for(self.operation.scope, self.operation.key, self.operation.fingerprint, len(self.events)),
         )
         self.events.append(pending)
         return pending.event_id

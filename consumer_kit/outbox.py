@@ -171,6 +171,18 @@ btree refuses a row over about 2,700 bytes (a handler deriving the key from a pr
 would otherwise fail at COMMIT with ``54000 index row size ... exceeds btree maximum``)."""
 
 
+EVENT_ID_NAMESPACE = uuid.UUID("6f0e4a52-2a3b-5c1d-9e57-3c6b1d0a8f21")
+"""Namespace of the event ids :func:`event_id_for` derives (UUID version 5)."""
+
+
+def event_id_for(scope: str, key: str, fingerprint: str, place: int) -> uuid.UUID:
+    """The id of the ``place``-th event (0, 1, ...) an execution of operation ``scope``/``key``
+    with ``fingerprint`` publishes: the same in every execution, so one re-run after a commit lost
+    with a failed-over primary publishes the ids the first run's relay may already have published,
+    and deduplication by event id downstream holds (docs/scaling.md)."""
+    return uuid.uuid5(EVENT_ID_NAMESPACE, f"{scope}\n{key}\n{fingerprint}\n{place}")
+
+
 def pending_event(
     *,
     destination: str,
@@ -179,8 +191,10 @@ def pending_event(
     payload: Any,
     partition_key: str | None,
     headers: Mapping[str, str],
+    event_id: uuid.UUID | None = None,
 ) -> PendingEvent:
-    """A :class:`PendingEvent` with a new event ID. The stored headers are ``headers`` plus the
+    """A :class:`PendingEvent` with ``event_id`` (default: a new random one; a handler's events
+    get :func:`event_id_for`). The stored headers are ``headers`` plus the
     current W3C trace context (``traceparent``, ``tracestate``; none without an active span, and
     never over a ``traceparent`` the caller set), so the relay's ``publish`` span continues the
     trace of the transaction that wrote the event (:mod:`consumer_kit.telemetry.tracing`).
@@ -210,7 +224,7 @@ def pending_event(
             "the broker's frame with the relay's own headers"
         )
     return PendingEvent(
-        event_id=uuid.uuid4(),
+        event_id=event_id or uuid.uuid4(),
         destination=destination,
         routing_key=routing_key,
         message_type=message_type,

@@ -58,10 +58,14 @@ def redact(text: str) -> str:
 def redact_url(url: str) -> str:
     """A broker or database URL (or libpq DSN, or connection string) fit for a log line or an
     error message: :func:`redact` of it; ``"<unparsable URL>"`` where a URL cannot be parsed
-    (its text might hide a secret where the rules above do not look)."""
+    (its text might hide a secret where the rules above do not look). A libpq multi-host URL
+    (``postgresql://u@h1:5432,h2:5432/db``) is parsed host by host."""
     if "://" in url:
         try:
-            urlsplit(url).port  # noqa: B018 - raises ValueError for a malformed netloc
+            netloc = urlsplit(url).netloc
+            hosts = netloc.rpartition("@")[2]
+            for host in hosts.split(",") if url.startswith(("postgresql://", "postgres://")) else [hosts]:
+                urlsplit("//" + host).port  # noqa: B018 - raises ValueError for a malformed host
         except ValueError:
             return "<unparsable URL>"
     return redact(url)

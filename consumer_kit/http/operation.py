@@ -25,7 +25,7 @@ from consumer_kit.codec.envelope import OPERATION_ID_HEADER, TENANT_HEADER
 from consumer_kit.errors import ConfigurationError, ContextSealed
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.outbox import pending_event
+from consumer_kit.outbox import event_id_for, pending_event
 
 _CURRENT: contextvars.ContextVar[Operation | None] = contextvars.ContextVar(
     "consumer_kit_http_operation", default=None
@@ -105,6 +105,7 @@ class Operation:
             payload=event.model_dump(mode="json"),
             partition_key=partition_key,
             headers={**(headers or {}), **carried},
+            event_id=event_id_for(self.identity.scope, self.identity.key, self.identity.fingerprint, len(self.events)),
         )
         self.events.append(pending)
         return pending.event_id

@@ -4,6 +4,7 @@ companions (evidence, mark keys, audit, outcome counts; the outbox's own come fr
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -301,3 +302,23 @@ async def missing_migrations(conn: AsyncConnection[Any], schema: str) -> list[in
     )
     done = {r[0] for r in await cur.fetchall()}
     return [v for v in wanted if v not in done]
+
+
+async def run_startup_hooks(
+    conn: AsyncConnection[Any], schema: str,
+    hooks: Sequence[Callable[[AsyncConnection[Any]], Awaitable[None]]],
+) -> None:
+    """Run ``hooks`` (``App.on_startup``) in one transaction holding the schema's start-up advisory
+    lock (transaction-scoped, so it works through a transaction-mode pooler): workers started
+    together run them one after another, so two ``CREATE TABLE IF NOT EXISTS`` never race. A hook
+    runs inside that transaction (``conn.transaction()`` in it is a savepoint).
+
+    Raises:
+        Exception: what a hook raises (the transaction rolls back).
+    """
+    if not hooks:
+        return
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("consumer_kit:startup:" + schema,))
+        for hook in hooks:
+            await hook(conn)

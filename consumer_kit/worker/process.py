@@ -38,11 +38,13 @@ from consumer_kit.broker import Consumer, Delivery
 from consumer_kit.broker.registry import open_consumer
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.redaction import redact_url
+from consumer_kit.db.durability import describe_durability
 from consumer_kit.db.embedded import database_url
 from consumer_kit.db.pool import open_pool, probe_writable
 from consumer_kit.errors import ConfigurationError, SimulatedCrash
 from consumer_kit.ledger import migrate, missing_migrations
 from consumer_kit.ledger.mark_keys import install_mark_keys
+from consumer_kit.ledger.migrations import run_startup_hooks
 from consumer_kit.ledger.outcome_counts import OutcomeCountBook
 from consumer_kit.model.outcomes import DeliveryReport
 from consumer_kit.ops.gauges import watch_paused
@@ -363,6 +365,7 @@ class Worker:
             )
 
     # -- start-up --------------------------------------------------------------------------------
+    # Hooks (App.on_startup) run one worker at a time: run_startup_hooks.
 
     async def _prepare_schema(self, pool: AsyncConnectionPool) -> None:
         async with pool.connection() as conn:
@@ -374,8 +377,8 @@ class Worker:
                     f"{', '.join(map(str, missing))}: run `consumer-kit migrate` first"
                 )
             await install_mark_keys(conn, self.settings)
-            for startup in self.app.startup:
-                await startup(conn)
+            logger.info("durability: %s", await describe_durability(conn))
+            await run_startup_hooks(conn, self.settings.db_schema, self.app.startup)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()

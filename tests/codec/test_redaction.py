@@ -48,6 +48,12 @@ def test_every_form_of_secret_is_masked(text: str, expected: str | None) -> None
 
 def test_a_url_that_cannot_be_parsed_is_not_shown() -> None:
     assert redact_url("postgresql://app:hunter2@[::1/app") == "<unparsable URL>"
+    assert redact_url("postgresql://app:hunter2@h1:5432,h2:x/app") == "<unparsable URL>"
+
+
+def test_a_multi_host_url_is_shown_redacted() -> None:
+    url = "postgresql://app:hunter2@127.0.0.1:5433,127.0.0.1:5434/db?target_session_attrs=read-write"
+    assert redact_url(url) == "postgresql://app:***@127.0.0.1:5433,127.0.0.1:5434/db?target_session_attrs=read-write"
 
 
 @pytest.mark.postgres
