@@ -54,14 +54,21 @@ def console(
         import uvicorn
 
         from consumer_kit.console_web import ConsoleConfig, create_app
+        from consumer_kit.console_web.security import LOCAL_NAMES
     except ImportError as exc:
         fail(f"the console needs its extra: {install_hint('console')} ({exc})")
     try:
         bind = check_host(host)
     except ValueError as exc:
         fail(f"--host={host}: {exc}")
-    given = read_settings(OperatorConsoleSettings).console_token
+    group = read_settings(OperatorConsoleSettings)
+    given = group.console_token
     token = given.get_secret_value() if given is not None else ""
+    proxy_secret = group.console_proxy_secret.get_secret_value() if group.console_proxy_secret else None
+    if user_header is not None and proxy_secret is None and not group.console_trusted_proxies:
+        fail("--user-header is trusted only from the proxy: set CONSUMER_KIT_CONSOLE_PROXY_SECRET (the "
+             "proxy sends it in X-Console-Proxy-Secret) and/or CONSUMER_KIT_CONSOLE_TRUSTED_PROXIES")
+    served = group.console_served_names or sorted({*LOCAL_NAMES, bind})
     printed = not token and user_header is None
     token = token or secrets.token_urlsafe(24)
     settings = read_settings(Settings)
@@ -76,6 +83,7 @@ def console(
         application = load_app(app)
     config = ConsoleConfig(
         settings=settings, app=application, token=token, user_header=user_header, read_only=read_only,
+        proxy_secret=proxy_secret, trusted_proxies=group.console_trusted_proxies, served_names=served,
         relay_max_attempts=max_attempts, actor=operator or default_actor(),
     )
     shown = f"[{bind}]" if ":" in bind else bind

@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from consumer_kit.app import App
 from consumer_kit.codec.plain_text import escape_controls
 from consumer_kit.codec.redaction import redact, redact_url
-from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, Guard, Identity, same_origin
+from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, LOCAL_NAMES, Guard, Identity, same_origin
 from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import ConfigurationError, Refused
 from consumer_kit.identity import downstream_key
@@ -68,7 +68,11 @@ class ConsoleConfig:
         settings: the deployment's settings (database, schema, broker).
         app: the App whose queues' dead letters are shown and whose handlers compute operation keys.
         token: the secret every request must carry (unless ``user_header`` is set).
-        user_header: trust this header, set by an authenticating reverse proxy, as the user's name.
+        user_header: trust this header, set by an authenticating reverse proxy, as the user's name
+            (only on a request proven to come from that proxy: ``proxy_secret``, ``trusted_proxies``).
+        proxy_secret: the secret the proxy sends in ``X-Console-Proxy-Secret``.
+        trusted_proxies: the proxy's source addresses or networks.
+        served_names: the host names the console answers to (default: localhost's).
         read_only: show everything, change nothing (every POST is refused).
         actor: who the token holder is in the audit table (default ``user@host``).
         peek_limit: at most this many dead letters read per queue for a page.
@@ -81,6 +85,9 @@ class ConsoleConfig:
     app: App | None
     token: str
     user_header: str | None = None
+    proxy_secret: str | None = None
+    trusted_proxies: list[str] = field(default_factory=list)
+    served_names: list[str] = field(default_factory=lambda: list(LOCAL_NAMES))
     read_only: bool = False
     actor: str = field(default_factory=default_actor)
     peek_limit: int = 1000
@@ -161,6 +168,12 @@ class _Gate(BaseHTTPMiddleware):
         self.read_only = read_only
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if not self.guard.host_ok(request):
+            logger.warning("console: refused a request for a host it does not serve")
+            return _secured(PlainTextResponse(
+                "421: this console does not serve that host name (see CONSUMER_KIT_CONSOLE_SERVED_NAMES)",
+                status_code=421,
+            ))
         identity = self.guard.identify(request)
         if identity is None:
             return _secured(PlainTextResponse(
@@ -177,7 +190,8 @@ class _Gate(BaseHTTPMiddleware):
             # not reach the endpoint
         if request.method == "GET" and "token" in request.query_params and identity.user is None:
             # the token came in the URL: keep it in a cookie and take it out of the address bar
-            response: Response = RedirectResponse(request.url.path, status_code=303)
+            # one leading slash: ``//evil.example/`` would be another site's address
+            response: Response = RedirectResponse("/" + request.url.path.lstrip("/"), status_code=303)
             response.set_cookie(COOKIE, self.guard.token, httponly=True, samesite="strict",
                                 secure=request.url.scheme == "https")
             return _secured(response)
@@ -222,7 +236,8 @@ class _Console:
         self.config = config
         self.settings = config.settings
         self.schema = config.settings.db_schema
-        self.guard = Guard(config.token, config.user_header)
+        self.guard = Guard(config.token, config.user_header, proxy_secret=config.proxy_secret,
+                           trusted_proxies=config.trusted_proxies, served_names=config.served_names)
         self.templates = _environment()
         self.inspector = LedgerInspector(self.schema)
         self.audit_log = AuditLog(self.schema)

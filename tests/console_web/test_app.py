@@ -510,8 +510,9 @@ async def test_behind_a_proxy_its_user_header_authenticates_and_is_the_audited_a
     own): no header, 401; the user's POST with the page's CSRF token resolves and is audited as
     that user; another user's CSRF token does not work for them."""
     await park(renv, "order-6-rev-2", "f" * 64, scope="default/invoice.create/v1")
-    async with serve(renv, App("empty"), user_header="X-Forwarded-User") as base, \
-            httpx.AsyncClient(base_url=base) as client:
+    secret = "proxy-secret-" + "y" * 20
+    async with serve(renv, App("empty"), user_header="X-Forwarded-User", proxy_secret=secret) as base, \
+            httpx.AsyncClient(base_url=base, headers={"X-Console-Proxy-Secret": secret}) as client:
         assert (await client.get("/decisions")).status_code == 401
         assert (await client.get("/decisions", headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 401
         alice, mallory = {"X-Forwarded-User": "alice@corp"}, {"X-Forwarded-User": "mallory@corp"}
