@@ -8,7 +8,9 @@ Works through the broker's adapter (:class:`consumer_kit.broker.DeadLetterQueues
 Reads ``CONSUMER_KIT_BROKER_URL``; with ``CONSUMER_KIT_DATABASE_URL`` set, first and last failure
 come from the ledger's attempt history (else from the broker's times). Bodies are printed only with
 ``--show-body`` (they may hold personal data). ``--app`` computes operation keys that handlers
-derive from the body (otherwise: header ``operation-id``).
+derive from the body (otherwise: header ``operation-id``). A redrive (dry run included) and a
+``--show-body`` listing are written to the audit table (``source`` ``cli``) before they act; without
+``CONSUMER_KIT_DATABASE_URL`` they run unaudited, with a warning.
 
 Reasons, details, original queues and counts shown are consumer-kit's signed marks only (with the
 deployment's key: from the ledger schema, or ``CONSUMER_KIT_MARK_KEY``); a producer's own are not
@@ -46,11 +48,13 @@ from consumer_kit.cli.console import (
     user_errors,
 )
 from consumer_kit.errors import Refused
+from consumer_kit.ops.audit_trail import AuditTrail
 from consumer_kit.ops.operator_actions import (
     RedriveOutcome,
     Row,
     Selection,
     dead_letter_rows,
+    default_actor,
     open_dead_letter_queues,
     redrive_dead_letters,
 )
@@ -80,8 +84,14 @@ def list_dead_letters(
     settings = _settings()
     application = _app(app)
 
+    trail = _trail(settings) if show_body else None
+
     async def read(dead: DeadLetterQueues) -> list[Row]:
-        return await dead_letter_rows(settings, application, await dead.peek(queue, limit=limit))
+        rows = await dead_letter_rows(settings, application, await dead.peek(queue, limit=limit))
+        if trail is not None:  # recorded before any body is printed
+            await trail.record("show_body", f"{queue} list", f"shown {len(rows)}", queue=queue,
+                               message_ids=[row.letter.message_id for row in rows])
+        return rows
 
     rows = _with_dead_letters(settings, read)
     if as_json:
@@ -115,8 +125,19 @@ def redrive(
         fail(str(refused))
     settings = _settings()
     application = _app(app)
+    trail = _trail(settings)
 
     async def move(dead: DeadLetterQueues) -> RedriveOutcome:
+        async with trail.around("redrive_dry_run" if dry_run else "redrive", f"{queue} {selection.describe()}",
+                                queue=queue, reason=reason, keys=sorted(selection.keys)) as result:
+            outcome = await _moved(dead)
+            report = outcome.report
+            result.update(outcome=f"{'would redrive' if dry_run else 'redrove'} {report.redriven}, kept "
+                          f"{report.kept}, failed {report.failed}", redriven=report.redriven, kept=report.kept,
+                          failed=report.failed)
+        return outcome
+
+    async def _moved(dead: DeadLetterQueues) -> RedriveOutcome:
         total = await dead.count(queue)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -148,6 +169,16 @@ def _settings() -> BrokerSettings:
     with user_errors(settings):
         require_shared_broker(settings, "consumer-kit dlq")
     return settings
+
+
+def _trail(settings: BrokerSettings) -> AuditTrail:
+    """The CLI's audit trail (``source`` ``cli``, actor ``user@host``); without a database it
+    writes nothing, and says so."""
+    trail = AuditTrail(settings, default_actor(), "cli")
+    if not trail.enabled:
+        typer.echo("warning: not audited: set CONSUMER_KIT_DATABASE_URL to record this in the audit table",
+                   err=True)
+    return trail
 
 
 def _app(path: str | None) -> App | None:

@@ -34,10 +34,11 @@ from consumer_kit.console_web.security import COOKIE, CSRF_FIELD, LOCAL_NAMES, G
 from consumer_kit.db.pooler import connect_options
 from consumer_kit.errors import ConfigurationError, Refused
 from consumer_kit.identity import downstream_key
-from consumer_kit.ledger.audit import AuditEntry, AuditLog
+from consumer_kit.ledger.audit import AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, LedgerInspector, OperationDetail
 from consumer_kit.model.evidence import OPERATOR_EVIDENCE
 from consumer_kit.model.operation_row import NEEDS_RECONCILIATION
+from consumer_kit.ops.audit_trail import AuditTrail
 from consumer_kit.ops.operator_actions import (
     Group,
     Selection,
@@ -264,13 +265,12 @@ class _Console:
         )
         return HTMLResponse(html, status_code=status_code)
 
+    def _trail(self, request: Request) -> AuditTrail:
+        return AuditTrail(self.settings, self.actor(request), "console")
+
     async def _record(self, request: Request, action: str, target: str, outcome: str, note: str = "",
                       **details: Any) -> None:
-        async with await self._connect() as conn:
-            await self.audit_log.record(conn, AuditEntry(
-                actor=self.actor(request), source="console", action=action, target=target, outcome=outcome,
-                note=note, details=details,
-            ))
+        await self._trail(request).record(action, target, outcome, note, **details)
 
     # -- pages -------------------------------------------------------------------------------------
 
@@ -331,15 +331,16 @@ class _Console:
             selection = Selection(reason=reason, message_id=message_id)
         except Refused as refused:
             return await self.dead_letters(request, 400, error=str(refused))
-        async with open_dead_letter_queues(self.settings) as dead:
-            outcome = await redrive_dead_letters(dead, queue, selection, app=self.config.app, dry_run=dry_run)
-        report = outcome.report
         target = f"{queue} {selection.describe()}"
         verb = "would redrive" if dry_run else "redrove"
-        summary = f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed}"
-        await self._record(request, "redrive_dry_run" if dry_run else "redrive", target, summary,
-                           queue=queue, reason=reason, message_id=message_id, redriven=report.redriven,
-                           kept=report.kept, failed=report.failed)
+        # audited before the move (a failure part-way leaves the attempt recorded), then its outcome
+        async with self._trail(request).around("redrive_dry_run" if dry_run else "redrive", target, queue=queue,
+                                               reason=reason, message_id=message_id) as result, \
+                open_dead_letter_queues(self.settings) as dead:
+            outcome = await redrive_dead_letters(dead, queue, selection, app=self.config.app, dry_run=dry_run)
+            report = outcome.report
+            summary = f"{verb} {report.redriven}, kept {report.kept}, failed {report.failed}"
+            result.update(outcome=summary, redriven=report.redriven, kept=report.kept, failed=report.failed)
         pending = {"queue": queue, "reason": reason or "", "message_id": message_id or "",
                    "count": report.redriven, "what": selection.describe()} if dry_run and report.redriven else None
         # a dry run that found some shows its count in the confirmation box, not as a done deed

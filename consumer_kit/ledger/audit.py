@@ -1,4 +1,4 @@
-"""The ``audit`` table (ledger migration 7): what operators did by hand, who, when, why.
+"""The ``audit`` table (ledger migrations 7 and 9: append-only by trigger): what operators did by hand, who, when, why.
 
 Written by the operator's actions (:mod:`consumer_kit.operator`): a resolution, a redrive or its
 dry run, a dead letter's body shown, a refusal. Append-only; the console's audit page reads it

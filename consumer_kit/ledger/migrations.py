@@ -195,6 +195,27 @@ LEDGER_MIGRATIONS: list[tuple[int, str]] = [
         CREATE INDEX IF NOT EXISTS outcome_counts_minute_idx ON {schema}.outcome_counts (minute);
         """,
     ),
+    (
+        9,
+        # The audit is append-only (docs/how-to/console.md, "Audit"): an UPDATE, DELETE or
+        # TRUNCATE of its rows by the application's role is refused. Only the table's owner, by
+        # dropping the trigger, can change history; run migrations as a role the workers do not use.
+        """
+        CREATE OR REPLACE FUNCTION {schema}.audit_append_only() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'the audit is append-only: % refused', TG_OP
+                USING ERRCODE = 'insufficient_privilege';
+        END
+        $$;
+        DROP TRIGGER IF EXISTS audit_append_only ON {schema}.audit;
+        CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON {schema}.audit
+            FOR EACH ROW EXECUTE FUNCTION {schema}.audit_append_only();
+        DROP TRIGGER IF EXISTS audit_no_truncate ON {schema}.audit;
+        CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON {schema}.audit
+            FOR EACH STATEMENT EXECUTE FUNCTION {schema}.audit_append_only();
+        """,
+    ),
 ]
 
 

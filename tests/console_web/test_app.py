@@ -227,7 +227,9 @@ async def test_an_operator_resolves_a_parked_operation_on_the_page_and_its_redri
     actions = await nenv.rows("SELECT actor, source, action, outcome FROM audit ORDER BY id")
     assert actions == [
         ("ops@example", "console", "resolve", "completed"),
+        ("ops@example", "console", "redrive_dry_run", "started"),  # recorded before it acts
         ("ops@example", "console", "redrive_dry_run", "would redrive 1, kept 0, failed 0"),
+        ("ops@example", "console", "redrive", "started"),
         ("ops@example", "console", "redrive", "redrove 1, kept 0, failed 0"),
     ]
     assert "resolve" in audit and "redrove 1" in audit
@@ -364,7 +366,7 @@ async def test_a_group_of_dead_letters_redriven_from_the_page_executes_each_once
     assert {r.outcome for r in redriven} == {Outcome.EXECUTED}
     assert await renv.rows("SELECT count(*), count(DISTINCT order_id) FROM invoices") == [(6, 6)]
     assert [a for (a,) in await renv.rows("SELECT action FROM audit ORDER BY id")] == [
-        "show_body", "redrive_dry_run", "redrive"]
+        "show_body", "redrive_dry_run", "redrive_dry_run", "redrive", "redrive"]  # started, then outcome
 
 
 async def test_dead_letters_on_sqs_are_grouped_and_redriven_from_the_page(
