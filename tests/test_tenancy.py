@@ -154,15 +154,17 @@ async def test_a_tenant_derived_from_the_sender_needs_no_header(database_url: st
 # -- RabbitMQ: the validated user_id ----------------------------------------------------------------
 
 
-def test_a_carried_sender_is_believed_only_on_a_copy_the_workers_own_user_published() -> None:
-    assert sender_of("worker", {SENDER_HEADER: "acme-producer"}, "worker") == "acme-producer"
-    assert sender_of("worker", {}, "worker") == "worker"
-    assert sender_of("mallory", {SENDER_HEADER: "acme-producer"}, "worker") == "mallory"
-    assert sender_of(None, {SENDER_HEADER: "acme-producer"}, "worker") is None
-    assert sender_of("worker", {SENDER_HEADER: "acme-producer"}, None) == "worker"  # own user unknown
-    assert sender_of("worker", {SENDER_HEADER: "x" * 256}, "worker") is None  # not a user id
-    assert sender_of("worker", {SENDER_HEADER: ""}, "worker") is None  # a copy of an anonymous message
-    assert sender_of("worker", {SENDER_HEADER: 7}, "worker") is None
+def test_a_signed_sender_mark_is_believed_whoever_published_the_copy() -> None:
+    """The headers are the codec's verified ones: a sender mark there was signed by consumer-kit
+    (a producer's unsigned one is dropped before), on the worker's copy or an operator's redrive."""
+    assert sender_of("worker", {SENDER_HEADER: "acme-producer"}) == "acme-producer"
+    assert sender_of("ops", {SENDER_HEADER: "acme-producer"}) == "acme-producer"  # a redrive
+    assert sender_of("worker", {}) == "worker"
+    assert sender_of(None, {}) is None
+    assert sender_of("worker", {SENDER_HEADER: "x" * 256}) == "worker"  # not a user id: the copy's own
+    assert sender_of("worker", {SENDER_HEADER: ""}) is None  # a copy of an anonymous message
+    forged = own.read({SENDER_HEADER: "acme-producer"}, b"{}").headers  # unsigned: dropped by the codec
+    assert sender_of("mallory", forged) == "mallory"
 
 
 @pytest.mark.rabbitmq

@@ -190,6 +190,7 @@ def dead_letter_of(message: AbstractIncomingMessage, queue: str) -> DeadLetter:
         operation_key=header_text(headers.get(OPERATION_ID_HEADER)) or None,
         headers=headers,
         body=message.body,
+        sender=message.user_id or None,
     )
 
 

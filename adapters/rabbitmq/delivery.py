@@ -110,7 +110,7 @@ class RabbitMQDelivery(Delivery):
             correlation_id=message.correlation_id,
             # RabbitMQ stamps no enqueue time: the AMQP timestamp property is the producer's.
             enqueued_at=_aware(message.timestamp),
-            sender=sender_of(message.user_id, reading.headers, self._own_user),
+            sender=sender_of(message.user_id, reading.headers),
             settle_timeout=settle_timeout,
         )
         self._message = message
@@ -255,8 +255,7 @@ class RabbitMQDelivery(Delivery):
         """The original's properties with ``headers``, persistent, without an expiration; sent as
         the worker's own user, with the original's sender (module :mod:`consumer_kit.adapters.rabbitmq.envelope`)."""
         original = self._message
-        if self._own_user is not None:
-            headers = {**headers, SENDER_HEADER: self.sender or ""}
+        headers = {**headers, SENDER_HEADER: self.sender or ""}
         return aio_pika.Message(
             body=b"",
             headers=own_headers.seal(dict(headers), self.body),

@@ -18,9 +18,10 @@ Sender (``Delivery.sender``): the AMQP ``user_id`` property, which RabbitMQ vali
 publishing connection's user ("Validated User-ID": a publish naming another user is refused, unless
 that user has the ``impersonator`` tag). A copy is published by the worker, so it carries the
 worker's own user in ``user_id`` and the original sender in ``x-consumer-kit-sender`` (``""`` for
-none, so that a copy of an anonymous message is not taken for the worker's own); that header is believed only on a message whose validated ``user_id`` is the receiving worker's own user (a
-producer cannot publish as that user without its credentials), never carried over from the
-delivery a copy is made of.
+none, so that a copy of an anonymous message is not taken for the worker's own). That header is a
+signed mark (its signature also covers the operation's identity): it is believed on whichever user
+published the copy (the worker's, or the operator's for a ``dlq redrive``), and a producer cannot
+write one (docs/explanation/trust.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import aio_pika
 from pamqp.commands import Basic
 
+from consumer_kit.broker.delivery import sender_across_copies
 from consumer_kit.broker.publishing import OutgoingMessage, headers_to_send
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import (
@@ -113,18 +115,12 @@ def user_of_url(url: str) -> str | None:
     return unquote(parts.username) if parts.username else "guest"
 
 
-def sender_of(user_id: str | None, headers: Mapping[str, Any], own_user: str | None) -> str | None:
-    """The authenticated sender of a delivery: its validated ``user_id``, or, on a copy the worker's
-    own user published, the ``x-consumer-kit-sender`` it carries (``""``: the copied message had
-    none). ``None``: no authenticated sender."""
-    if user_id and own_user is not None and user_id == own_user:
-        carried = own.lookup(headers, SENDER_HEADER)
-        if isinstance(carried, bytes):
-            carried = carried.decode("utf-8", errors="replace")
-        if carried is not None:  # a copy: what it carries, or nothing (never the worker's own user)
-            fits = isinstance(carried, str) and 0 < len(carried.encode("utf-8", "replace")) <= 255
-            return carried if fits else None  # an AMQP shortstr, as the user_id it came from
-    return user_id or None
+def sender_of(user_id: str | None, headers: Mapping[str, Any]) -> str | None:
+    """The authenticated sender of a delivery whose ``headers`` the codec has verified: the signed
+    ``x-consumer-kit-sender`` a copy carries (``""``: the copied message had none), whoever
+    published the copy (the worker, or an operator's redrive), else its validated ``user_id``.
+    ``None``: no authenticated sender."""
+    return sender_across_copies(headers, user_id or None)
 
 
 def properties_of(message: OutgoingMessage, *, user_id: str | None = None) -> Basic.Properties:

@@ -94,7 +94,7 @@ _DROPPED = frozenset({
     DELIVERIES_ATTRIBUTE, REDELIVERED_ATTRIBUTE, PACKED_ATTRIBUTE, REDRIVEN_ATTRIBUTE,
 })
 _NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)
-_SYSTEM = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "DeadLetterQueueSourceArn"]
+_SYSTEM = ["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId", "DeadLetterQueueSourceArn", "SenderId"]
 
 
 @dataclass
@@ -294,6 +294,7 @@ def dead_letter_of(raw: Mapping[str, Any], queue: str, work: QueueInfo) -> DeadL
         operation_key=header_text(headers.get(OPERATION_ID_HEADER)) or None,
         headers=headers,
         body=str(raw.get("Body", "")).encode("utf-8"),
+        sender=header_text(system.get("SenderId")) or None,
     )
 
 

@@ -45,6 +45,9 @@ class DeadLetter:
             handlers derive from the body).
         headers: the application headers, dead-letter ones included.
         body: the raw body (bytes); shown only with ``--show-body``.
+        sender: the broker's authenticated sender of this message in the dead-letter queue
+            (RabbitMQ validated ``user_id``, SQS ``SenderId``; ``None``: none). A redriven copy
+            carries the original's sender (:func:`sender_of_letter`), never the operator's.
     """
 
     queue: str
@@ -57,6 +60,7 @@ class DeadLetter:
     operation_key: str | None
     headers: Mapping[str, Any]
     body: bytes
+    sender: str | None = None
 
 
 def header_text(value: Any) -> str:
@@ -234,7 +238,7 @@ class Redrive(abc.ABC, Generic[M]):
         dead-letter queue); ``True`` when it was sent (counted ``redriven``, even if the removal
         failed: it then stays in the dead-letter queue as well). Tells ``progress``."""
         try:
-            await self.send_copy(message, _first_enqueue_kept(letter))
+            await self.send_copy(message, _sender_kept(_first_enqueue_kept(letter)))
         except CopyRefused as refused:
             self.report.failed += 1
             logger.warning("redrive of message_id=%s to %s refused (%s): left in the dead-letter queue",
@@ -268,3 +272,22 @@ def _first_enqueue_kept(letter: DeadLetter) -> DeadLetter:
         return letter
     first = min(known).astimezone(dt.UTC).isoformat()
     return replace(letter, headers={**letter.headers, own.FIRST_ENQUEUED: first})
+
+
+def sender_of_letter(letter: DeadLetter) -> str:
+    """The authenticated sender of the operation ``letter`` carries (``""``: none): the signed
+    ``x-consumer-kit-sender`` of the worker's dead-letter copy (the codec has dropped an unsigned
+    one), else the broker's sender of the letter itself (a message the broker moved, or one a
+    producer published straight into the dead-letter queue: it earns no more than its own sender)."""
+    carried = own.read_text(own.lookup(letter.headers, own.SENDER), 255)
+    if carried is not None:
+        return carried
+    return letter.sender or ""
+
+
+def _sender_kept(letter: DeadLetter) -> DeadLetter:
+    """``letter`` with ``x-consumer-kit-sender`` set to :func:`sender_of_letter`, so the redriven
+    copy, sent by whoever runs the redrive, is judged as the original sender's
+    (docs/explanation/trust.md). The adapter's copy signs it."""
+    kept = {k: v for k, v in letter.headers.items() if not (isinstance(k, str) and k.lower() == own.SENDER)}
+    return replace(letter, headers={**kept, own.SENDER: sender_of_letter(letter)})

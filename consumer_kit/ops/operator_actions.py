@@ -28,7 +28,7 @@ from consumer_kit.codec import marks
 from consumer_kit.codec.envelope import Envelope
 from consumer_kit.db.embedded import database_url
 from consumer_kit.db.pooler import connect_options
-from consumer_kit.errors import InvalidMessage, Refused
+from consumer_kit.errors import ConfigurationError, InvalidMessage, Refused
 from consumer_kit.ledger.audit import NOTE_CHARS, AuditEntry, AuditLog
 from consumer_kit.ledger.inspect import DECISIONS, NOT_DONE_DECISION, LedgerInspector
 from consumer_kit.ledger.mark_keys import install_mark_keys
@@ -246,8 +246,17 @@ async def redrive_dead_letters(
     operation key, so a redrive of a done operation is a duplicate); with ``dry_run``, only count.
 
     Raises:
-        ConfigurationError, ConnectionError: as ``DeadLetterQueues.redrive``.
+        ConfigurationError: not a dry run, and the process has no deployment mark key (neither the
+            database URL nor ``CONSUMER_KIT_MARK_KEY``): its copies would be signed with a key no
+            worker knows and lose the original sender (docs/explanation/trust.md); else as
+            ``DeadLetterQueues.redrive``.
+        ConnectionError: as ``DeadLetterQueues.redrive``.
     """
+    if not dry_run and marks.installed().source == "process":
+        raise ConfigurationError(
+            "a redrive needs the deployment's mark key, so that each copy keeps its original sender: "
+            "set CONSUMER_KIT_DATABASE_URL (the key migrate stored) or CONSUMER_KIT_MARK_KEY"
+        )
     keyless = 0
 
     def select(letter: DeadLetter) -> bool:
