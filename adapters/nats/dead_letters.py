@@ -11,8 +11,8 @@ one per work queue, so every message in it is that queue's.
 to its work queue's subject (``subject_for(queue, partition-key)``) with the same body,
 ``x-consumer-kit-message-id`` and operation headers, without the dead-letter headers and
 ``x-consumer-kit-deliveries`` (its delivery count starts again), plus ``x-consumer-kit-redriven`` =
-the reason it had, and ``Nats-Msg-Id = <dlq stream>-<sequence>-redrive`` (a second redrive within
-the duplicate window is dropped by JetStream). Only after the publish ack is it deleted from the
+the reason it had, and a random ``Nats-Msg-Id`` (:mod:`consumer_kit.broker.kit.copy_ids`: no
+producer can pre-empt it); a publish ack saying ``duplicate`` is a refused copy, never a redrive. Only after the publish ack is it deleted from the
 dead-letter stream (``STREAM.MSG.DELETE``): at least once; a crash in between leaves it in both,
 which the ledger answers as a duplicate.
 """
@@ -28,6 +28,7 @@ from nats.js.errors import NotFoundError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
 from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
+from consumer_kit.broker.kit.copy_ids import random_copy_id
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import CopyRefused, RemoveFailed
@@ -128,17 +129,19 @@ class _Redrive(Redrive[RawStreamMsg]):
         headers[REDRIVEN_HEADER] = letter.reason[:REASON_ON_COPY_CHARS]
         try:
             sent, _ = fit(body, headers, self._limit, droppable=(REDRIVEN_HEADER,),
-                          extra={MSG_ID: f"{self._info.dlq_stream}-{raw.seq}-redrive"})
+                          extra={MSG_ID: random_copy_id()})
         except ValueError as exc:
             raise CopyRefused(str(exc)) from exc
         subject = subject_for(self._info.queue, own.read_text(letter.headers.get(own.PARTITION_KEY), 512))
         js = await self._connection.jetstream()
         try:
-            await js.publish(subject, body, headers=sent, timeout=API_TIMEOUT)
+            ack = await js.publish(subject, body, headers=sent, timeout=API_TIMEOUT)
         except Exception as exc:
             if is_unreachable(exc):
                 raise ConnectionError(f"cannot reach NATS: {describe(exc)}") from exc
             raise CopyRefused(describe(exc)) from exc
+        if ack.duplicate:
+            raise CopyRefused(f"stream {ack.stream} answered the copy as a duplicate: its Nats-Msg-Id was used before")
 
     async def remove(self, raw: RawStreamMsg, letter: DeadLetter) -> None:
         js = await self._connection.jetstream()

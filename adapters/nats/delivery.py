@@ -16,8 +16,10 @@ dead_letter    a confirmed copy to the dead-letter stream with ``x-dead-letter-r
                ``max_deliver`` ends its loop (logged at ERROR)
 =============  =====================================================================================
 
-Copies carry ``Nats-Msg-Id = <stream>-<sequence>-<why>``: a copy re-sent after a lost publish ack
-is dropped by the target stream's duplicate window.
+Copies carry a random ``Nats-Msg-Id`` (:func:`consumer_kit.broker.kit.copy_ids.random_copy_id`): no
+producer can publish under it first to make JetStream drop the copy as a repeat. Each copy is sent
+once, so a publish ack saying ``duplicate`` is an error (:class:`CopyDropped`): the settlement
+fails and the message is given back, never settled as if its copy existed.
 
 **The lock.** The adapter knows when its peek-lock lapses: the time the pull was *sent* plus
 ``ack_wait`` (the delivery's ``lock_seconds``), moved by each ``in_progress()``
@@ -36,6 +38,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from consumer_kit.broker.kit.copy_ids import random_copy_id
 from consumer_kit.broker.kit.pull_consumer import PulledDelivery
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.envelope import CORRELATION_ID_HEADER, PARTITION_KEY_HEADER
@@ -53,6 +56,7 @@ from .envelope import (
     copy_headers,
     headers_of,
 )
+from .errors import CopyDropped
 from .limits import fit, limit_of
 from .redelivery import GIVE_BACKS
 from .topology import QueueInfo
@@ -192,11 +196,15 @@ class NATSDelivery(PulledDelivery):
     async def _copy(self, subject: str, max_msg_size: int, headers: dict[Any, Any], why: str,
                     droppable: Iterable[str] = ()) -> bool:
         """Publish a copy of the body with ``headers`` on ``subject`` and wait for its publish
-        ack. ``False`` when it does not fit (nothing sent, logged)."""
+        ack. ``False`` when it does not fit (nothing sent, logged).
+
+        Raises:
+            CopyDropped: JetStream answered the copy as a duplicate (module docstring).
+        """
         limit = limit_of(self._max_payload, max_msg_size)
         try:
             sent, dropped = fit(self.body, headers, limit, droppable=droppable,
-                                extra={MSG_ID: f"{self.info.stream}-{self.stream_seq}-{why}"})
+                                extra={MSG_ID: random_copy_id()})
         except ValueError as exc:
             logger.warning("%s copy to %s not sent: %s (queue=%s message_id=%s)",
                            why, subject, exc, self.queue, self.message_id)
@@ -204,5 +212,8 @@ class NATSDelivery(PulledDelivery):
         if dropped:
             logger.warning("%s copy to %s left out %s header(s) to fit %s bytes: %s (queue=%s message_id=%s)",
                            why, subject, len(dropped), limit, ",".join(dropped)[:300], self.queue, self.message_id)
-        await self._js.publish(subject, self.body, headers=sent, timeout=self.settle_timeout)
+        ack = await self._js.publish(subject, self.body, headers=sent, timeout=self.settle_timeout)
+        if ack.duplicate:
+            raise CopyDropped(f"{why} copy of queue={self.queue} message_id={self.message_id} was answered as a "
+                              f"duplicate by stream {ack.stream}: its Nats-Msg-Id was used before")
         return True

@@ -24,6 +24,12 @@ from nats.js import errors as js_errors
 
 from consumer_kit.errors import PublishError
 
+
+class CopyDropped(Exception):
+    """JetStream answered a copy consumer-kit made (release, dead-letter, retry, redrive) with
+    ``duplicate: true``: not stored. Its id is random, so someone else published under it."""
+
+
 MESSAGE_TOO_LARGE = 10054
 """JetStream's error code for a message over the stream's ``max_msg_size``."""
 

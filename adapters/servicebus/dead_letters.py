@@ -38,8 +38,9 @@ message adds one. Service Bus keeps no dead-letter time: ``dead_lettered_at`` is
    message is moved, or when a receive brings nothing new within ``receive_wait`` seconds; chosen
    messages never received (locked elsewhere, or removed) count as failed.
 
-The copy's own message id is derived from the dead letter (entity, sequence number, message id),
-never the original's: duplicate detection would silently drop a copy under an id it saw within its
+The copy's own message id is keyed by the deployment's mark key on the dead letter (entity,
+sequence number, message id; :func:`consumer_kit.broker.kit.copy_ids.keyed_copy_id`, so no producer
+can send under it first), never the original's: duplicate detection would silently drop a copy under an id it saw within its
 window, and the dead letter would be completed with nothing delivered; a second send of the same
 dead letter (after a crash) has the same id, which duplicate detection, where on, drops.
 
@@ -52,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -62,6 +62,7 @@ from azure.servicebus.exceptions import ServiceBusAuthorizationError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport
 from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
+from consumer_kit.broker.kit.copy_ids import keyed_copy_id
 from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
 
 from .browse import BrowseCursor
@@ -93,8 +94,6 @@ CALL_TIMEOUT = 30.0
 """Seconds any one SDK call may take (the SDK hangs instead of failing against a server that
 answers wrongly, so every call is bounded)."""
 
-_COPY_IDS = uuid.UUID("8f3d3c52-4a55-4f0e-9a57-3d5c1f0b6a11")
-"""uuid5 namespace of redriven copies' message ids."""
 
 
 class ServiceBusDeadLetters(DeadLetterQueues):
@@ -318,7 +317,7 @@ class _Redrive(Redrive[ServiceBusReceivedMessage]):
         in the dead-letter queue, a repeat is a duplicate)."""
         assert self.links is not None, "step 2 sets the links before it moves"
         _, sender = self.links
-        copy_id = str(uuid.uuid5(_COPY_IDS, f"{self._target}/{message.sequence_number}/{letter.message_id}"))
+        copy_id = keyed_copy_id(self._target, message.sequence_number, letter.message_id or "")
         what = f"redrive copy of message_id={letter.message_id}"
         try:
             async with asyncio.timeout(self._call_timeout):

@@ -28,8 +28,9 @@ message SQS moved) and operation attributes, without the dead-letter attributes 
 = the reason it had. Only after ``SendMessage`` succeeded is it deleted from the dead-letter
 queue: **at least once** — a crash (or a failed delete) in between leaves it in both queues, and a
 second redrive sends it again, which the ledger answers as a duplicate. On a FIFO work queue the
-copy keeps its ``MessageGroupId`` and gets ``MessageDeduplicationId`` = ``<dead letter's SQS
-MessageId>-redrive`` (SQS drops a second copy within 5 minutes). Messages not selected, and
+copy keeps its ``MessageGroupId`` and gets a ``MessageDeduplicationId`` keyed by the deployment's
+mark key on the dead letter's SQS MessageId (:func:`consumer_kit.broker.kit.copy_ids.keyed_copy_id`:
+SQS drops a second copy within 5 minutes, and no producer can send under the id first). Messages not selected, and
 those whose copy SQS refused, are held until the pass ends and then made visible again. Messages
 that reach the dead-letter queue after the redrive started (``SentTimestamp`` against this host's
 clock: a skew moves that line by as much) are not looked at, so a message that fails again at once
@@ -54,6 +55,7 @@ from botocore.exceptions import ClientError
 
 from consumer_kit.broker import DeadLetter, DeadLetterQueues, RedriveReport, header_count, header_text
 from consumer_kit.broker.dead_letters import REASON_ON_COPY_CHARS, Redrive, RedriveAsked
+from consumer_kit.broker.kit.copy_ids import keyed_copy_id
 from consumer_kit.codec import headers as own
 from consumer_kit.codec.envelope import OPERATION_ID_HEADER
 from consumer_kit.errors import ConfigurationError, CopyRefused, RemoveFailed
@@ -238,7 +240,7 @@ class _Redrive(Redrive[Mapping[str, Any]]):
         params: dict[str, Any] = {"QueueUrl": self._work.url, "MessageBody": body, "MessageAttributes": attributes}
         if self._work.fifo:
             params["MessageGroupId"] = raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP
-            params["MessageDeduplicationId"] = f"{raw['MessageId']}-redrive"
+            params["MessageDeduplicationId"] = keyed_copy_id(self._work.url, raw["MessageId"], "redrive")
         try:
             await self._client.call("send_message", **params)
         except Exception as exc:

@@ -57,6 +57,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from consumer_kit.broker import sender_across_copies
+from consumer_kit.broker.kit.copy_ids import keyed_copy_id
 from consumer_kit.broker.kit.pull_consumer import PulledDelivery
 from consumer_kit.codec import headers as own_headers
 from consumer_kit.codec.envelope import CORRELATION_ID_HEADER
@@ -310,7 +311,7 @@ class SQSDelivery(PulledDelivery):
             params["DelaySeconds"] = delay
         if target.fifo:
             params["MessageGroupId"] = self.partition_key or DEFAULT_GROUP
-            params["MessageDeduplicationId"] = f"{self.sqs_message_id}-{why}"
+            params["MessageDeduplicationId"] = keyed_copy_id(target.name, self.sqs_message_id, why)  # copy_ids: unguessable
         copy_id = await self._settler.send(target.url, params)
         logger.debug(
             "%s copy %s sent to %s (queue=%s message_id=%s delivery_count=%s)",

@@ -132,10 +132,10 @@ class NATSDriver(Driver):
                 raw = await js.get_msg(f"{self.stream}_dlq", seq=seq)
             except NotFoundError:
                 info = await js.stream_info(f"{self.stream}_dlq")
-                if seq <= int(info.state.last_seq or 0):
-                    seq += 1  # deleted
-                else:
+                if seq > int(info.state.last_seq or 0):
                     await _pause()
+                elif not await _stored(js, f"{self.stream}_dlq", seq):
+                    seq += 1  # deleted (asked again: it may have been stored since the first get)
                 continue
             seq += 1
             await js.delete_msg(f"{self.stream}_dlq", int(raw.seq or 0))
@@ -173,6 +173,14 @@ class NATSDriver(Driver):
             except NotFoundError:
                 pass
         await self.connection.close()
+
+
+async def _stored(js: Any, stream: str, seq: int) -> bool:
+    try:
+        await js.get_msg(stream, seq=seq)
+    except NotFoundError:
+        return False
+    return True
 
 
 async def _pause() -> None:
