@@ -31,8 +31,10 @@ from consumer_kit.adapters.servicebus.connection import Connection
 from consumer_kit.adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
 from consumer_kit.broker.registry import adapter_for
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.telemetry.metrics import BROKER, QUEUE
 from tests.adapters.servicebus.server.fixtures import Received, SBEnv, eventually
 from tests.fixtures.tcp_proxy import TcpProxy
+from tests.fixtures.telemetry_kit import Telemetry
 
 # seconds: the lock of the tests about locks, Service Bus's shortest (the test server refuses
 # less). The adapter renews a lock at half its time left, so each renewal round trip has 2.5 s.
@@ -434,7 +436,7 @@ async def test_deliveries_waiting_for_a_slot_keep_their_locks(sb: SBEnv) -> None
     assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
 
 
-async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv) -> None:
+async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv, otel: Telemetry) -> None:
     queue = sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"x")
     lock_gone = asyncio.Event()
@@ -447,6 +449,8 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
     received = Received(settle)
     consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
+    lost_metric = {QUEUE: first.queue, BROKER: "servicebus"}
+    before = otel.value("consumer_kit.locks_lost", attrs=lost_metric)
     queue.expire_all_locks(time.time())
     await eventually(lambda: queue.locked_count == 0, within=3, what="the server to drop the lock")
     lock_gone.set()
@@ -455,6 +459,7 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
     assert (first.settlement, first.lost) == (first.settlement.ACK, True)  # type: ignore[union-attr]
     assert (again.delivery_count, again.redelivered) == (2, True)
     assert consumer.counters["locks_lost"] == 1
+    assert otel.value("consumer_kit.locks_lost", attrs=lost_metric) == before + 1  # the OpenTelemetry metric too
     await eventually(lambda: queue.messages == [], within=5, what="the redelivery's completion")
 
 
