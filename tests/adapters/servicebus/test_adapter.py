@@ -480,6 +480,55 @@ async def test_pause_stops_receiving_and_resume_goes_on(sb: SBEnv) -> None:
     assert (delivery.body, delivery.delivery_count) == (b"while paused", 1)
 
 
+async def test_what_arrives_while_paused_is_not_locked_and_runs_once_after_resume(sb: SBEnv) -> None:
+    """Credit the receiver's link had left when the worker paused locks nothing: messages sent
+    meanwhile wait unlocked, past a lock's length, and each runs once after resume (no lock lost,
+    no extra delivery count)."""
+    queue = sb.create_queue(lock_duration=LOCK)
+    received = Received(lambda d: d.ack())
+    consumer = await sb.subscribe(received, prefetch=4, receive_wait=0.2)
+    await sb.send_bodies(b"before")  # a receive with credit for 4 took 1: 3 are left on the link
+    assert (await received.next()).body == b"before"
+    await eventually(lambda: queue.messages == [], within=5, what="the first completion")
+    await consumer.pause()
+    await sb.send_bodies(b"a", b"b", b"c")
+    await eventually(lambda: queue.active_count == 3, within=5, what="the three sends")
+    assert queue.locked_count == 0  # none is locked on the paused link's credit
+    queue.expire_all_locks(time.time())  # as if a lock's length passed while paused
+    await consumer.resume()
+    await eventually(lambda: queue.messages == [], within=10, what="the three completions")
+    later = received.deliveries[1:]
+    assert sorted(d.body for d in later) == [b"a", b"b", b"c"]
+    assert all(d.delivery_count == 1 and not d.lost for d in later)
+    assert consumer.counters["locks_lost"] == 0
+
+
+async def test_a_delivery_in_hand_at_pause_settles_on_the_new_link_and_nothing_more_is_locked(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=30)
+    finish = asyncio.Event()
+
+    async def slow(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"running":
+            await finish.wait()
+        await delivery.ack()
+
+    received = Received(slow)
+    consumer = await sb.subscribe(received, prefetch=4, receive_wait=0.2)
+    await sb.send_bodies(b"running")
+    assert (await received.next()).body == b"running"
+    await consumer.pause()  # the running one moves to a receiver that asked for nothing
+    await sb.send_bodies(b"a", b"b")
+    await eventually(lambda: queue.active_count == 3, within=5, what="the two sends")
+    assert queue.locked_count == 1  # only the running delivery
+    finish.set()
+    await eventually(lambda: queue.active_count == 2, within=5, what="the running one's ack by lock token")
+    await consumer.resume()
+    await eventually(lambda: queue.messages == [], within=10, what="the two completions")
+    assert sorted(d.body for d in received.deliveries) == [b"a", b"b", b"running"]
+    assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
+    assert consumer.counters["locks_lost"] == 0
+
+
 async def test_the_consumer_reconnects_after_its_connection_drops(sb: SBEnv) -> None:
     sb.create_queue(lock_duration=30)
     proxy = TcpProxy("127.0.0.1", sb.server.port)
