@@ -162,6 +162,7 @@ class ServiceBusConsumer(Consumer):
         self._paused = True
         self._running.clear()
         await self._quiesce()
+        await asyncio.gather(*(pump.shed_credit() for pump in self._pumps.values()))
         logger.info("paused consuming queues=%s", ",".join(self._pumps))
 
     async def resume(self) -> None:

@@ -24,6 +24,7 @@ from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import MessageAlreadySettled, MessageSizeExceededError
 
 from consumer_kit.errors import LockLost
+from consumer_kit.telemetry.metrics import record_lock_lost
 
 from .errors import LOCK_LOST, describe
 from .lock_clock import LockExpiry, align_sdk
@@ -220,6 +221,7 @@ class MessageLock:
         elif not self._lock_lost:
             self._lock_lost = True
             self._route.counters.add("locks_lost")
+            record_lock_lost(self.queue, "servicebus")
             logger.warning(
                 "lock lost for queue=%s message_id=%s: no longer ours, never acked; the broker redelivers it",
                 self.queue, self.message_id,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from azure.servicebus.aio import ServiceBusReceiver
 
+from consumer_kit.telemetry.metrics import record_lock_lost
+
 from .copies import Copies
 from .counters import ConsumerCounters
 from .errors import LOCK_LOST, describe
@@ -57,6 +59,7 @@ class SessionLock:
         self.management = asyncio.Lock()
         self._timeout = timeout
         self._counters = counters
+        self._entity = entity
         self.session_id = receiver.session.session_id
         self.released = asyncio.Event()
         self.lost = False
@@ -98,6 +101,7 @@ class SessionLock:
         if not self.lost:
             self.lost = True
             self._counters.add("locks_lost")
+            record_lock_lost(self._entity, "servicebus")
             logger.warning("session %s lock lost: its messages come back to another receiver", self.session_id)
         self.released.set()
 

@@ -85,6 +85,10 @@ class SessionPumps:
         """Return once no slot is accepting a session or receiving (each bounded)."""
         await asyncio.gather(*(slot.quiesce() for slot in self._slots))
 
+    async def shed_credit(self) -> None:
+        """Nothing to do: a slot's receive asks for one message and an empty one gives the session
+        (and its link) up, so no credit is left while paused."""
+
     async def close(self) -> None:
         """Stop every slot: held retries are given back now and sessions are given up (messages still
         unsettled go back to their sessions, counted). Each slot is told to stop before it is

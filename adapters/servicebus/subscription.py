@@ -157,6 +157,31 @@ class EntityPump:
         afterwards while ``running`` is clear."""
         await wait_unlocked(self._receiving, self._context.settle_timeout, f"a receive on {self.entity.path}")
 
+    async def shed_credit(self) -> None:
+        """While paused (after :meth:`quiesce`): end the receive link, so that credit its last
+        receive left (a receive asking for more than arrived) locks nothing that arrives meanwhile,
+        to be handed out stale on resume (docs/brokers/servicebus.md, "pause"). Deliveries in hand
+        move to a new receiver, settled and renewed by lock token (a link with no receive asks for
+        nothing); with none in hand the receiver is just closed, and the next receive opens one.
+        Never raises: a new receiver that cannot be opened now leaves the old one (logged)."""
+        async with self._reconnecting, self._receiving:
+            old = self._receiver
+            if old is None or self._stopping.is_set():
+                return
+            if not self._in_hand:
+                await self._drop_receiver()
+                return
+            for delivery in self._in_hand:
+                delivery.off_its_link()
+            try:
+                await self.open()
+            except Exception as exc:  # noqa: BLE001 - the old link stays: they settle through it
+                logger.warning(
+                    "pausing %s: no new receiver (%s), the old link keeps its credit", self.entity.path, describe(exc)
+                )
+                return
+            await close_quietly(old, self._context.settle_timeout, f"the paused receiver of {self.entity.path}")
+
     async def close(self) -> None:
         """Stop receiving, give held retries back now, close the receiver: what is unsettled goes
         back to the broker when its lock lapses."""

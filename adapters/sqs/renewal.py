@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable
 
 from consumer_kit.broker.kit.lock_heartbeat import LockHeartbeat
+from consumer_kit.telemetry.metrics import record_lock_lost
 
 from .connection import SQSClient
 from .delivery import SQSDelivery
@@ -138,6 +139,7 @@ class Heartbeat(LockHeartbeat[SQSDelivery]):
         if not delivery.lock_lost:
             delivery.lock_lost = True
             self.locks_lost += 1
+            record_lock_lost(delivery.queue, "aws_sqs")
             logger.warning(
                 "queue=%s message_id=%s lost its lock (%s): it will not be acked here",
                 delivery.queue, delivery.message_id, why,

@@ -41,6 +41,9 @@ ERROR_TYPE = "error.type"
 """The exception class of a retried fault (``RetryableError``, ``LockNotAvailable``)."""
 SCHEMA = "consumer_kit.schema"
 """The PostgreSQL schema of the ledger and outbox a gauge reads."""
+BROKER = "messaging.system"
+"""The broker an adapter speaks to (``servicebus``, ``aws_sqs``: OpenTelemetry's
+``messaging.system`` values)."""
 RELAY_EVENT = "event"
 """The relay event name of ``outbox_relay.events`` (see :mod:`consumer_kit.outbox_relay.counters`)."""
 
@@ -125,6 +128,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("consumer_kit.claim.wait", "histogram", "s",
                "Time the claim took, waiting on a concurrent claimer of the same key included",
                (OPERATION_TYPE,)),
+    MetricSpec("consumer_kit.locks_lost", "counter", "{lock}",
+               "Held deliveries whose broker lock was lost (renewal or settlement refused, or the "
+               "broker handed the message out again): never acked here, the broker redelivers them",
+               (QUEUE, BROKER)),
     # -- per worker process -------------------------------------------------------------------
     MetricSpec("consumer_kit.worker.pauses", "counter", "{pause}",
                "Times a worker paused consuming for an unavailable database (environment fault)", ()),
@@ -185,6 +192,7 @@ _deliveries = _counter("consumer_kit.deliveries")
 _contentions_in_place = _counter("consumer_kit.contentions.in_place")
 _dead_letters = _counter("consumer_kit.dead_letters")
 _pauses = _counter("consumer_kit.worker.pauses")
+_locks_lost = _counter("consumer_kit.locks_lost")
 _delivery_duration = _histogram("consumer_kit.delivery.duration")
 _handler_duration = _histogram("consumer_kit.handler.duration")
 _claim_wait = _histogram("consumer_kit.claim.wait")
@@ -268,6 +276,12 @@ def record_claim(operation_type: str, seconds: float) -> None:
 def record_pause() -> None:
     """``consumer_kit.worker.pauses``: a worker paused for an unavailable database."""
     _pauses.add(1)
+
+
+def record_lock_lost(queue: str, broker: str) -> None:
+    """``consumer_kit.locks_lost``: one held delivery of ``queue`` lost its lock on ``broker``
+    (a :data:`BROKER` value)."""
+    _locks_lost.add(1, _attributes((QUEUE, queue), (BROKER, broker)))
 
 
 def record_published(destination: str, created_at: dt.datetime) -> None:

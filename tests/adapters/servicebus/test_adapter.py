@@ -31,8 +31,10 @@ from consumer_kit.adapters.servicebus.connection import Connection
 from consumer_kit.adapters.servicebus.renewal import MAX_WAIT, MIN_WAIT, seconds_until_renewal
 from consumer_kit.broker.registry import adapter_for
 from consumer_kit.errors import ConfigurationError
+from consumer_kit.telemetry.metrics import BROKER, QUEUE
 from tests.adapters.servicebus.server.fixtures import Received, SBEnv, eventually
 from tests.fixtures.tcp_proxy import TcpProxy
+from tests.fixtures.telemetry_kit import Telemetry
 
 # seconds: the lock of the tests about locks, Service Bus's shortest (the test server refuses
 # less). The adapter renews a lock at half its time left, so each renewal round trip has 2.5 s.
@@ -434,7 +436,7 @@ async def test_deliveries_waiting_for_a_slot_keep_their_locks(sb: SBEnv) -> None
     assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
 
 
-async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv) -> None:
+async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv, otel: Telemetry) -> None:
     queue = sb.create_queue(lock_duration=30)
     await sb.send_bodies(b"x")
     lock_gone = asyncio.Event()
@@ -447,6 +449,8 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
     received = Received(settle)
     consumer = await sb.subscribe(received, prefetch=1)
     first = await received.next()
+    lost_metric = {QUEUE: first.queue, BROKER: "servicebus"}
+    before = otel.value("consumer_kit.locks_lost", attrs=lost_metric)
     queue.expire_all_locks(time.time())
     await eventually(lambda: queue.locked_count == 0, within=3, what="the server to drop the lock")
     lock_gone.set()
@@ -455,6 +459,7 @@ async def test_a_lock_lost_while_running_is_never_acked_and_comes_back(sb: SBEnv
     assert (first.settlement, first.lost) == (first.settlement.ACK, True)  # type: ignore[union-attr]
     assert (again.delivery_count, again.redelivered) == (2, True)
     assert consumer.counters["locks_lost"] == 1
+    assert otel.value("consumer_kit.locks_lost", attrs=lost_metric) == before + 1  # the OpenTelemetry metric too
     await eventually(lambda: queue.messages == [], within=5, what="the redelivery's completion")
 
 
@@ -473,6 +478,55 @@ async def test_pause_stops_receiving_and_resume_goes_on(sb: SBEnv) -> None:
     await consumer.resume()
     delivery = await received.next()
     assert (delivery.body, delivery.delivery_count) == (b"while paused", 1)
+
+
+async def test_what_arrives_while_paused_is_not_locked_and_runs_once_after_resume(sb: SBEnv) -> None:
+    """Credit the receiver's link had left when the worker paused locks nothing: messages sent
+    meanwhile wait unlocked, past a lock's length, and each runs once after resume (no lock lost,
+    no extra delivery count)."""
+    queue = sb.create_queue(lock_duration=LOCK)
+    received = Received(lambda d: d.ack())
+    consumer = await sb.subscribe(received, prefetch=4, receive_wait=0.2)
+    await sb.send_bodies(b"before")  # a receive with credit for 4 took 1: 3 are left on the link
+    assert (await received.next()).body == b"before"
+    await eventually(lambda: queue.messages == [], within=5, what="the first completion")
+    await consumer.pause()
+    await sb.send_bodies(b"a", b"b", b"c")
+    await eventually(lambda: queue.active_count == 3, within=5, what="the three sends")
+    assert queue.locked_count == 0  # none is locked on the paused link's credit
+    queue.expire_all_locks(time.time())  # as if a lock's length passed while paused
+    await consumer.resume()
+    await eventually(lambda: queue.messages == [], within=10, what="the three completions")
+    later = received.deliveries[1:]
+    assert sorted(d.body for d in later) == [b"a", b"b", b"c"]
+    assert all(d.delivery_count == 1 and not d.lost for d in later)
+    assert consumer.counters["locks_lost"] == 0
+
+
+async def test_a_delivery_in_hand_at_pause_settles_on_the_new_link_and_nothing_more_is_locked(sb: SBEnv) -> None:
+    queue = sb.create_queue(lock_duration=30)
+    finish = asyncio.Event()
+
+    async def slow(delivery: ServiceBusDelivery) -> None:
+        if delivery.body == b"running":
+            await finish.wait()
+        await delivery.ack()
+
+    received = Received(slow)
+    consumer = await sb.subscribe(received, prefetch=4, receive_wait=0.2)
+    await sb.send_bodies(b"running")
+    assert (await received.next()).body == b"running"
+    await consumer.pause()  # the running one moves to a receiver that asked for nothing
+    await sb.send_bodies(b"a", b"b")
+    await eventually(lambda: queue.active_count == 3, within=5, what="the two sends")
+    assert queue.locked_count == 1  # only the running delivery
+    finish.set()
+    await eventually(lambda: queue.active_count == 2, within=5, what="the running one's ack by lock token")
+    await consumer.resume()
+    await eventually(lambda: queue.messages == [], within=10, what="the two completions")
+    assert sorted(d.body for d in received.deliveries) == [b"a", b"b", b"running"]
+    assert all(d.delivery_count == 1 and not d.lost for d in received.deliveries)
+    assert consumer.counters["locks_lost"] == 0
 
 
 async def test_the_consumer_reconnects_after_its_connection_drops(sb: SBEnv) -> None:
