@@ -139,7 +139,7 @@ def test_no_module_imports_another_in_a_circle() -> None:
 
 STILL_LONG = {  # being split: this set only shrinks, and no other module may pass 400 lines
     "consumer_kit.adapters.servicebus.delivery",
-    "consumer_kit.codec.headers", "consumer_kit.adapters.servicebus.dead_letters",
+    "consumer_kit.adapters.servicebus.dead_letters",
 }
 
 
