@@ -80,7 +80,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumer_kit.codec import marks as mark_keys
+from consumer_kit.codec.header_names import (
+    BROKER_COUNT,
+    CORRELATION_ID,
+    DEAD_LETTER_DETAIL,
+    DEAD_LETTER_REASON,
+    DELIVERIES,
+    FIRST_ENQUEUED,
+    MARKS,
+    MESSAGE_ID,
+    MESSAGE_TYPE,
+    OPERATION_CREATED_AT,
+    OPERATION_ID,
+    ORIGINAL_QUEUE,
+    PACKED,
+    PARTITION_KEY,
+    REDELIVERED,
+    REDRIVEN,
+    SENDER,
+    SIGNATURE,
+    SPEC_BY_NAME,
+    SPECS,
+    TENANT,
+    TRIMMED,
+    Spec,
+    lookup,
+    own_values,
+)
 from consumer_kit.codec.header_values import (
     MAX_COUNT,
     read_count,
@@ -89,6 +115,15 @@ from consumer_kit.codec.header_values import (
     read_text,
     read_time,
 )
+from consumer_kit.codec.sealing import (
+    IDENTITY,
+    UNVERIFIED,
+    drop_unverified,
+    identity_of,
+    seal,
+    seal_new,
+    without_marks,
+)
 
 # the value readers are the codec's public API too (consumer_kit.codec.header_values holds them)
 __all__ = [
@@ -96,108 +131,14 @@ __all__ = [
     "FIRST_ENQUEUED", "IGNORED", "MARKS", "MAX_COUNT", "MESSAGE_ID", "MESSAGE_TYPE", "OPERATION_CREATED_AT",
     "OPERATION_ID", "ORIGINAL_QUEUE", "PACKED", "PARTITION_KEY", "REDELIVERED", "REDRIVEN", "SENDER", "SIGNATURE",
     "SPECS", "SPEC_BY_NAME", "TENANT", "TRIMMED", "UNVERIFIED", "Headers", "OwnHeaders", "Spec",
-    "is_valid", "lookup", "pack", "read", "read_count", "read_flag", "read_packed", "read_text",
-    "read_time", "seal", "unpack", "without_marks",
+    "IDENTITY", "identity_of", "is_valid", "lookup", "pack", "read", "read_count", "read_flag", "read_packed", "read_text",
+    "read_time", "seal", "seal_new", "unpack", "without_marks",
 ]
 
 logger = logging.getLogger("consumer_kit.headers")
 
-# -- names -----------------------------------------------------------------------------------------
-
-DELIVERIES = "x-consumer-kit-deliveries"
-"""On a republished copy: how many deliveries the message had before this copy."""
-REDELIVERED = "x-consumer-kit-redelivered"
-"""On a released copy of a delivery that was itself a redelivery: the copy stays a suspect."""
-MESSAGE_ID = "x-consumer-kit-message-id"
-"""On a copy: the message id of the original (brokers give a copy an id of its own)."""
-PACKED = "x-consumer-kit-headers"
-"""A JSON object of the headers that did not fit as attributes of their own (SQS)."""
-REDRIVEN = "x-consumer-kit-redriven"
-"""On a redriven copy: the dead-letter reason it had, for the record."""
-TRIMMED = "x-consumer-kit-trimmed-headers"
-"""On a copy that only fitted the frame without some of the original's headers: how many."""
-DEAD_LETTER_REASON = "x-dead-letter-reason"
-DEAD_LETTER_DETAIL = "x-dead-letter-detail"
-ORIGINAL_QUEUE = "x-original-queue"
-FIRST_ENQUEUED = "x-consumer-kit-first-enqueued"
-"""On a copy: the broker's enqueue time of the operation's first copy (decides key expiry)."""
-SIGNATURE = "x-consumer-kit-mac"
-"""The HMAC over the marks of a copy (:mod:`consumer_kit.codec.marks`)."""
-SENDER = "x-consumer-kit-sender"
-"""On a copy: the authenticated sender of the message it copies (``""``: none), not the copier's."""
-BROKER_COUNT = "x-delivery-count"
-"""RabbitMQ's own delivery count (quorum queues)."""
-
-OPERATION_ID = "operation-id"
-TENANT = "tenant-id"
-MESSAGE_TYPE = "message-type"
-CORRELATION_ID = "correlation-id"
-PARTITION_KEY = "partition-key"
-OPERATION_CREATED_AT = "operation-created-at"
-
-
 IGNORED: Counter[str] = Counter()
 """Bad values ignored since the process started, by header name (the operator's counter)."""
-UNVERIFIED: Counter[str] = Counter()
-"""Marks ignored since the process started because no valid signature covered them, by name."""
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One header consumer-kit reads: its ``name``, ``kind`` (``count``, ``flag``, ``text``,
-    ``time``, ``packed``), ``max_chars`` (text), and whether a bad value is ``invalid``
-    (dead-lettered ``invalid_header``) or ignored."""
-
-    name: str
-    kind: str
-    invalid: bool
-    max_chars: int = 0
-
-
-SPECS: tuple[Spec, ...] = (
-    Spec(DELIVERIES, "count", invalid=False),
-    Spec(REDELIVERED, "flag", invalid=False),
-    Spec(BROKER_COUNT, "count", invalid=False),
-    Spec(MESSAGE_ID, "text", invalid=True, max_chars=512),
-    Spec(PACKED, "packed", invalid=True),
-    Spec(REDRIVEN, "text", invalid=False, max_chars=1024),
-    Spec(TRIMMED, "count", invalid=False),
-    Spec(DEAD_LETTER_REASON, "text", invalid=False, max_chars=1024),
-    Spec(DEAD_LETTER_DETAIL, "text", invalid=False, max_chars=4096),
-    Spec(ORIGINAL_QUEUE, "text", invalid=False, max_chars=1024),
-    Spec(FIRST_ENQUEUED, "time", invalid=False, max_chars=64),
-    Spec(SIGNATURE, "text", invalid=False, max_chars=64),
-    Spec(SENDER, "text", invalid=False, max_chars=255),
-    Spec(TENANT, "text", invalid=True, max_chars=200),
-    Spec(MESSAGE_TYPE, "text", invalid=True, max_chars=256),
-    Spec(OPERATION_CREATED_AT, "time", invalid=True, max_chars=64),
-    Spec(PARTITION_KEY, "text", invalid=True, max_chars=512),
-    Spec(CORRELATION_ID, "text", invalid=False, max_chars=256),
-)
-"""Every header of the table in the module docstring that this codec checks (``operation-id`` is
-the decoder's)."""
-
-SPEC_BY_NAME = {spec.name: spec for spec in SPECS}
-
-MARKS = frozenset({DELIVERIES, REDELIVERED, MESSAGE_ID, REDRIVEN, TRIMMED, FIRST_ENQUEUED, SENDER,
-                   DEAD_LETTER_REASON, DEAD_LETTER_DETAIL, ORIGINAL_QUEUE})
-"""consumer-kit's bookkeeping on a message: believed only under a valid :data:`SIGNATURE`."""
-
-
-def without_marks(headers: Mapping[str, Any]) -> dict[str, Any]:
-    """``headers`` without any mark or signature (names matched ignoring case): what a new message
-    (a relay publish) starts from, so that it never signs marks a handler passed on."""
-    return {k: v for k, v in headers.items() if not (isinstance(k, str) and k.lower() in _NOT_PASSED_ON)}
-
-
-def seal_new(headers: dict[Any, Any], marks: Mapping[str, str], body: bytes) -> dict[Any, Any]:
-    """:func:`seal` for a new message: ``headers`` (without any mark, see :func:`without_marks`)
-    with ``marks`` (values already in their normalised text, as :func:`seal` would read them back)
-    added and signed. Returns ``headers`` (changed in place). The relay's per-event path: it skips
-    re-reading values consumer-kit has just written."""
-    headers.update(marks)
-    headers[SIGNATURE] = mark_keys.sign(marks, body)
-    return headers
 
 
 # -- values ----------------------------------------------------------------------------------------
@@ -222,18 +163,6 @@ def is_valid(spec: Spec, value: Any) -> bool:
 
 
 # -- one delivery's headers ------------------------------------------------------------------------
-
-
-def lookup(headers: Mapping[Any, Any], name: str) -> Any:
-    """A header's value: the exact ``name`` first, else the first name equal ignoring case;
-    ``None`` when absent. Names that are not ``str`` never match."""
-    if name in headers:
-        return headers[name]
-    lowered = name.lower()
-    for key, value in headers.items():
-        if isinstance(key, str) and key.lower() == lowered:
-            return value
-    return None
 
 
 class Headers(dict[Any, Any]):
@@ -296,63 +225,10 @@ def unpack(raw: Mapping[Any, Any]) -> dict[Any, Any]:
     return {**packed, **headers}
 
 
-def seal(headers: dict[Any, Any], body: bytes) -> dict[Any, Any]:
-    """Sign the marks in ``headers`` (a copy consumer-kit is about to send with ``body``): set
-    :data:`SIGNATURE` over them, or remove it when there are none. Returns ``headers`` (changed in
-    place). The one place marks are signed: every adapter calls it on every copy it writes."""
-    found = _good_marks(_own_values(headers))
-    for name in [k for k in headers if isinstance(k, str) and k.lower() == SIGNATURE]:
-        del headers[name]
-    if found:
-        headers[SIGNATURE] = mark_keys.sign(found, body)
-    return headers
-
-
-def _good_marks(own: Mapping[str, Any]) -> dict[str, str]:
-    """The marks among ``own`` with a good value, as the normalised text a signature covers."""
-    found: dict[str, str] = {}
-    for name in MARKS.intersection(own):
-        value = own[name]
-        spec = SPEC_BY_NAME[name]
-        if spec.kind == "count":
-            count = read_count(value)
-            text = None if count is None else str(count)
-        elif spec.kind == "flag":
-            text = "1" if read_flag(value) else None
-        elif spec.kind == "time":
-            when = read_time(value)
-            text = None if when is None else when.isoformat()
-        else:
-            text = read_text(value, spec.max_chars)
-        if text is not None:
-            found[name] = text
-    return found
-
-
-def _drop_unverified(headers: Headers, own: dict[str, Any], body: bytes | None) -> None:
-    """Remove the marks from ``headers`` and ``own`` unless a valid signature covers them."""
-    found = _good_marks(own)
-    if not found:
-        return
-    signature = read_text(own.get(SIGNATURE), 64)
-    if body is not None and mark_keys.verify(signature, found, body):
-        return
-    UNVERIFIED.update(found.keys())
-    logger.info("ignored unauthenticated mark(s) %s", ",".join(sorted(found)))
-    for key in [k for k in headers if isinstance(k, str) and k.lower() in _MARKS_LOWER]:
-        del headers[key]
-    for name in MARKS.intersection(own):
-        del own[name]
-
-
-_MARKS_LOWER = frozenset(name.lower() for name in MARKS)
-_NOT_PASSED_ON = _MARKS_LOWER | {SIGNATURE}
-
-
 def _read(raw: Mapping[Any, Any], body: bytes | None) -> OwnHeaders:
     headers = Headers(unpack(raw))
-    own = _own_values(headers)
-    _drop_unverified(headers, own, body)
+    own = own_values(headers)
+    drop_unverified(headers, own, body)
     fault: str | None = None
     ignored: list[str] = []
     if PACKED in own:
@@ -379,28 +255,6 @@ def _read(raw: Mapping[Any, Any], body: bytes | None) -> OwnHeaders:
         fault=fault,
         ignored=tuple(ignored),
     )
-
-
-_SPEC_BY_LOWER = {spec.name.lower(): spec.name for spec in SPECS}
-
-
-def _own_values(headers: Mapping[Any, Any]) -> dict[str, Any]:
-    """The values of the headers in :data:`SPECS`, by their names, found as :func:`lookup` finds
-    them (the exact name first, else the first equal ignoring case), in one pass."""
-    found: dict[str, Any] = {}
-    exact: set[str] = set()
-    for key, value in headers.items():
-        if not isinstance(key, str):
-            continue
-        name = _SPEC_BY_LOWER.get(key.lower())
-        if name is None or name in exact:
-            continue
-        if key == name:
-            found[name] = value
-            exact.add(name)
-        elif name not in found:
-            found[name] = value
-    return found
 
 
 def _describe(spec: Spec) -> str:

@@ -3,7 +3,8 @@
 A producer can write any header (docs/explanation/trust.md), so the bookkeeping consumer-kit keeps on the
 copies it makes (delivery count, suspect mark, original message id, first enqueue time, dead-letter
 reason, original queue) is believed only when signed: one HMAC-SHA256 over the marks' names and
-values and the SHA-256 of the body, under a key producers do not have.
+values, the operation's identity headers and the SHA-256 of the body, under a key producers do not
+have: a signed copy's marks are valid on that one operation only.
 
 The key: the deployment's, created at random by ``consumer-kit migrate`` in the ledger schema's
 ``mark_keys`` table (every worker, relay and CLI of one deployment shares the database; producers do
@@ -67,30 +68,33 @@ def installed() -> Keyring:
     return _keyring
 
 
-def canonical(marks: Mapping[str, str], body: bytes) -> bytes:
-    """The text a signature covers: each mark as ``name=value`` (names sorted, one per line), then
-    the hex SHA-256 of ``body``. Names and values are consumer-kit's own (no newline can occur in a
-    name; a value's newline is refused by the codec before it is read), so the text is unambiguous."""
+def canonical(marks: Mapping[str, str], body: bytes, identity: Sequence[str] = ()) -> bytes:
+    """The text a signature covers: each mark as ``name=value`` (names sorted, one per line), the
+    operation's ``identity`` (values in the caller's fixed order, each as ``@value``), then the hex
+    SHA-256 of ``body``. Names and values are consumer-kit's own (no newline can occur in a name; a
+    value's newline is refused by the codec before it is read), so the text is unambiguous."""
     lines = [f"{name}={marks[name]}" for name in sorted(marks)]
+    lines.extend(f"@{value}" for value in identity)
     lines.append(hashlib.sha256(body).hexdigest())
     return "\n".join(lines).encode("utf-8", "surrogatepass")
 
 
-def sign(marks: Mapping[str, str], body: bytes) -> str:
-    """The signature of ``marks`` (normalised text values) on a message with ``body``, under the
-    current key."""
-    return _mac(_keyring.current, marks, body)
+def sign(marks: Mapping[str, str], body: bytes, identity: Sequence[str] = ()) -> str:
+    """The signature of ``marks`` (normalised text values) on a message with ``body`` and the
+    operation ``identity`` (:func:`canonical`), under the current key."""
+    return _mac(_keyring.current, marks, body, identity)
 
 
-def verify(signature: str | None, marks: Mapping[str, str], body: bytes) -> bool:
-    """Whether ``signature`` is a signature of ``marks`` on ``body`` under a key of the keyring
+def verify(signature: str | None, marks: Mapping[str, str], body: bytes, identity: Sequence[str] = ()) -> bool:
+    """Whether ``signature`` is a signature of ``marks`` on ``body`` and ``identity`` under a key of the keyring
     (the current one first; constant-time comparison; never raises)."""
     if not signature or len(signature) != MAC_CHARS:
         return False
     ring = _keyring
-    return any(hmac.compare_digest(_mac(key, marks, body), signature) for key in (ring.current, *ring.previous))
+    return any(hmac.compare_digest(_mac(key, marks, body, identity), signature)
+               for key in (ring.current, *ring.previous))
 
 
-def _mac(key: bytes, marks: Mapping[str, str], body: bytes) -> str:
-    digest = hmac.digest(key, canonical(marks, body), "sha256")[:16]  # one-shot: C, no HMAC object
+def _mac(key: bytes, marks: Mapping[str, str], body: bytes, identity: Sequence[str] = ()) -> str:
+    digest = hmac.digest(key, canonical(marks, body, identity), "sha256")[:16]  # one-shot: C, no HMAC object
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")

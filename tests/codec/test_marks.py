@@ -212,3 +212,34 @@ def test_a_relay_publish_is_signed_as_seal_signs_it(when: dt.datetime) -> None:
     assert own.REDELIVERED not in fast and own.SIGNATURE.upper() not in fast
     read = own.read(fast, body=message.body)
     assert own.read_time(own.lookup(read.headers, own.FIRST_ENQUEUED)) == when  # verified, kept
+
+
+@pytest.mark.parametrize("name", ["operation-id", "tenant-id", "message-type", "partition-key"])
+def test_signed_marks_replayed_on_another_operation_are_dropped(name: str) -> None:
+    """The signature covers the operation's identity: a signed copy's marks (its sender above all)
+    copied onto a message with the same body under another key, tenant, type or partition key are
+    not believed there."""
+    identity = {"operation-id": "o-1", "tenant-id": "acme", "message-type": "order", "partition-key": "p-1"}
+    signed = own.seal({**identity, own.SENDER: "acme-producer", own.DELIVERIES: 3}, b"{}")
+    assert own.read(signed, b"{}").headers.get(own.SENDER) == "acme-producer"
+    replayed = {**signed, name: "other"}
+    read = own.read(replayed, b"{}")
+    assert own.SENDER not in read.headers and read.deliveries_before == 0
+    added = {k: v for k, v in signed.items() if k != name}  # an identity header left out counts too
+    assert own.SENDER not in own.read(added, b"{}").headers
+
+
+@pytest.mark.parametrize("marks", [
+    {own.DEAD_LETTER_REASON: "max_deliveries_exceeded\x07"},  # a control character
+    {own.DEAD_LETTER_DETAIL: "x" * 4097},  # over its length
+    {own.DEAD_LETTER_REASON: "max_deliveries_exceeded\x1b[2J", own.DEAD_LETTER_DETAIL: "ok"},
+])
+def test_out_of_range_marks_are_never_kept_signed_or_not(marks: dict[str, str]) -> None:
+    """A forged reason with a control character or an oversized detail is removed: not shown to
+    operators, not matched by ``dlq redrive --reason``; nor is it kept beside marks that are signed."""
+    read = own.read(marks, b"{}").headers
+    assert not set(marks) & set(read)
+    signed = own.seal({own.DELIVERIES: 2, **marks}, b"{}")
+    read = own.read(signed, b"{}")
+    assert read.deliveries_before == 2
+    assert not {name for name in marks if name != own.DEAD_LETTER_DETAIL or len(marks[name]) > 4096} & set(read.headers)
