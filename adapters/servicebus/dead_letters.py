@@ -317,7 +317,7 @@ class _Redrive(Redrive[ServiceBusReceivedMessage]):
         in the dead-letter queue, a repeat is a duplicate)."""
         assert self.links is not None, "step 2 sets the links before it moves"
         _, sender = self.links
-        copy_id = keyed_copy_id(self._target, message.sequence_number, letter.message_id or "")
+        copy_id = keyed_copy_id(self._target, message.sequence_number or 0, letter.message_id or "")
         what = f"redrive copy of message_id={letter.message_id}"
         try:
             async with asyncio.timeout(self._call_timeout):
