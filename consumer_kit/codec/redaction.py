@@ -6,7 +6,10 @@
 form                        example (accepted by)
 ==========================  ===========================================================================
 URL user information        ``postgresql://app:hunter2@db/app``, ``amqps://u:p@host/vhost`` (psycopg,
-                            aio-pika): the password; the user name stays (it says *who*)
+                            aio-pika): the password, to the line's last ``@`` (spaces, ``/``, ``?``,
+                            ``#`` in it too); the user name stays (it says *who*); a NATS token
+                            ``nats://TOKEN@host`` (nats-py) is masked whole
+URL fragment parameters     ``...#password=x`` as a query parameter
 URL query parameters        ``...?password=x``, ``?sslpassword=x``, ``?aws_secret_access_key=x``: the
                             value of any parameter whose name says secret (:data:`SECRET_NAMES`)
 libpq ``key=value`` DSN     ``host=db user=app password=hunter2 dbname=app``, ``password='a b\\' c'``
@@ -40,18 +43,22 @@ _NAMES = "|".join(sorted((re.escape(name) for name in SECRET_NAMES), key=len, re
 # libpq value may be single-quoted with backslash escapes; otherwise it runs to the next
 # separator (space, &, ;) or the end.
 _PARAMETER = re.compile(
-    rf"(?P<lead>(?:^|[\s?&;]))(?P<name>{_NAMES})(?P<eq>\s*=\s*)"
+    rf"(?P<lead>(?:^|[\s?&;#]))(?P<name>{_NAMES})(?P<eq>\s*=\s*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|[^\s&;]*)",
     re.IGNORECASE,
 )
-# scheme://user:password@host: the password runs to the last "@" before the path.
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/?#@:\s]*):(?P<password>[^/?#\s]*)@")
+# scheme://user:password@host: the password runs to the last "@" on the line before another URL,
+# so an unescaped space, "/", "?", "#" or "@" in it (a base64 password) is masked whole.
+_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/?#@:\s]*):(?P<password>(?:(?!://)[^\n])*)@")
+# nats://TOKEN@host: nats-py takes user information without a ":" as a token.
+_NATS_TOKEN = re.compile(r"(?P<head>\b(?:nats|tls)://)(?P<token>[^/?#@:\s]+)@", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
     """``text`` with every password and key in it replaced by ``***`` (forms in the module
     docstring). Never raises; text without secrets comes back unchanged."""
     masked = _USERINFO.sub(lambda m: f"{m.group('head')}:{MASK}@", text)
+    masked = _NATS_TOKEN.sub(lambda m: f"{m.group('head')}{MASK}@", masked)
     return _PARAMETER.sub(_mask_parameter, masked)
 
 

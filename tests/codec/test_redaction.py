@@ -19,6 +19,16 @@ SECRET = "hunter2"
         ("postgresql://app:hunter2@db:5432/app", "postgresql://app:***@db:5432/app"),
         ("amqps://guest:hunter2@rabbit/%2F", "amqps://guest:***@rabbit/%2F"),
         ("amqp://guest:hun@ter2@rabbit/vh", "amqp://guest:***@rabbit/vh"),  # an unencoded @
+        # unescaped space, "#", "?", "/" in a password; a token as nats-py takes it; a fragment
+        ("amqp://guest:hun ter2@rabbit/vh", "amqp://guest:***@rabbit/vh"),
+        ("amqp://guest:hu#nter2@rabbit/vh", "amqp://guest:***@rabbit/vh"),
+        ("amqp://guest:hu?nter2@rabbit/vh", "amqp://guest:***@rabbit/vh"),
+        ("amqp://guest:a/hunter2+b==@rabbit/vh", "amqp://guest:***@rabbit/vh"),
+        ("nats://hunter2@nats:4222", "nats://***@nats:4222"),
+        ("tls://hunter2@nats:4222", "tls://***@nats:4222"),
+        ("nats://app:hunter2@nats:4222", "nats://app:***@nats:4222"),
+        ("postgresql://db/app#password=hunter2", "postgresql://db/app#password=***"),
+        ("error at amqp://guest:hunter2@rabbit/vh; see user@example.com", None),
         # URL query parameters (libpq's password=, AWS-style keys)
         ("postgresql://db/app?password=hunter2&sslmode=require", "postgresql://db/app?password=***&sslmode=require"),
         ("postgresql://db/app?sslmode=require&sslpassword=hunter2", "postgresql://db/app?sslmode=require&sslpassword=***"),

@@ -1,12 +1,13 @@
 """The console behind an authenticating proxy (docs/how-to/console.md, "Behind a proxy"): the user
 header is believed only on a request proven to come from the proxy (its shared secret, its source
 address), with exactly one line of it; a Host the console does not serve is refused; the token's
-redirect never leaves the console. In-process HTTP against the real application (httpx's ASGI
-transport, which sets the client's address)."""
+redirect never leaves the console; no page is kept in htmx's history cache. In-process HTTP
+against the real application (httpx's ASGI transport, which sets the client's address)."""
 
 from __future__ import annotations
 
 import re
+from importlib.resources import files
 from typing import Any
 
 import httpx
@@ -106,3 +107,18 @@ def test_the_cli_refuses_a_user_header_without_a_proof_of_the_proxy() -> None:
                                                                  "CONSUMER_KIT_CONSOLE_TRUSTED_PROXIES": None})
     assert result.exit_code != 0
     assert "CONSUMER_KIT_CONSOLE_TRUSTED_PROXIES" in result.output
+
+
+async def test_no_page_is_kept_in_htmxs_history_cache(renv: ResilienceEnv) -> None:
+    """htmx snapshots a boosted page into sessionStorage unless the document holds
+    ``hx-history="false"`` (htmx docs, hx-history): then Back shows a body with no request and no
+    audit. Every page (the body page included) extends base.html, whose ``<body>`` carries it."""
+    settings = Settings(database_url=renv.database_url, broker_url=renv.rabbitmq_url, db_schema=renv.schema)
+    async with client(settings) as http:
+        page = await http.get("/decisions", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert page.status_code == 200
+    assert re.search(r'<body\b[^>]*\bhx-history="false"', page.text)
+    templates = files("consumer_kit.console_web") / "templates"
+    pages = [t for t in templates.iterdir() if t.name.endswith(".html") and t.name != "base.html"]
+    assert "body.html" in {t.name for t in pages}
+    assert all(t.read_text().startswith('{% extends "base.html" %}') for t in pages)
