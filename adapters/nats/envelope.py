@@ -44,7 +44,7 @@ def headers_for(headers: Mapping[Any, Any]) -> dict[str, str]:
     for name, value in plain.items():
         if name == PACKED_HEADER:
             continue
-        if _NAME.match(name) and "\r" not in value and "\n" not in value:
+        if _NAME.fullmatch(name) and "\r" not in value and "\n" not in value:
             out[name] = value
         else:
             packed[name] = value

@@ -63,7 +63,7 @@ def stream_name(queue: str) -> str:
 
 def check_subject(subject: str) -> str:
     """``subject`` when NATS accepts it as a literal subject; else raises ConfigurationError."""
-    if not subject or not _SUBJECT.match(subject) or subject.startswith(".") or subject.endswith(".") or ".." in subject:
+    if not subject or not _SUBJECT.fullmatch(subject) or subject.startswith(".") or subject.endswith(".") or ".." in subject:
         raise ConfigurationError(f"{subject!r} is not a NATS subject (no whitespace, '*', '>' or empty tokens)")
     return subject
 
@@ -71,7 +71,7 @@ def check_subject(subject: str) -> str:
 def key_token(partition_key: str) -> str:
     """The subject token of a partition key: the key itself when it is 1 to 64 characters of
     ``A-Za-z0-9_-``, else ``h`` + the first 32 hex digits of its SHA-256."""
-    if _TOKEN.match(partition_key):
+    if _TOKEN.fullmatch(partition_key):
         return partition_key
     return "h" + hashlib.sha256(partition_key.encode("utf-8")).hexdigest()[:32]
 

@@ -60,7 +60,7 @@ Attributes = dict[str, dict[str, Any]]
 def is_valid_name(name: str) -> bool:
     """True when SQS accepts ``name`` as a message attribute name (module docstring)."""
     return (
-        bool(_NAME.match(name))
+        bool(_NAME.fullmatch(name))
         and not name.startswith((".", "AWS.", "Amazon.", "aws.", "amazon."))
         and not name.endswith(".")
         and ".." not in name

@@ -205,7 +205,7 @@ class QueueDirectory:
         if target.startswith(("https://", "http://")):
             return target
         params: dict[str, str] = {}
-        arn = _ARN.match(target)
+        arn = _ARN.fullmatch(target)
         if arn is not None:
             params = {"QueueName": arn["name"], "QueueOwnerAWSAccountId": arn["account"]}
         else:

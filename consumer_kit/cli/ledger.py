@@ -67,7 +67,7 @@ def parse_duration(text: str) -> float:
     Raises:
         ValueError: anything else.
     """
-    match = _DURATION.match(text.strip())
+    match = _DURATION.fullmatch(text.strip())
     if match is None:
         raise ValueError(f"{text!r} is not a duration such as 30s, 10m, 2h or 1d")
     return float(match[1]) * _UNIT_SECONDS[match[2]]

@@ -88,7 +88,7 @@ class DatabaseSettings(GroupSettings):
     @field_validator("db_schema")
     @classmethod
     def _schema_is_identifier(cls, value: str) -> str:
-        if not _IDENTIFIER.match(value):
+        if not _IDENTIFIER.fullmatch(value):
             raise ValueError("must be a plain SQL identifier (letters, digits, _; <= 63 chars)")
         return value
 

@@ -36,6 +36,6 @@ def check_host(value: str) -> str:
         return str(ipaddress.ip_address(bare))
     except ValueError:
         pass
-    if _HOST_NAME.match(text) and not text.replace(".", "").isdigit():  # "300.1.1.1" is no name
+    if _HOST_NAME.fullmatch(text) and not text.replace(".", "").isdigit():  # "300.1.1.1" is no name
         return text
     raise ValueError(_HOST_RULE)
