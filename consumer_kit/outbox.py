@@ -7,6 +7,8 @@ All outbox SQL used by the core lives here; the relay's claim/mark statements li
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -14,6 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from consumer_kit.codec import marks
 from consumer_kit.model.events import OutboxEvent, PendingEvent
 from consumer_kit.model.identity import OperationIdentity
 from consumer_kit.telemetry.trace_context import inject_into
@@ -171,16 +174,22 @@ btree refuses a row over about 2,700 bytes (a handler deriving the key from a pr
 would otherwise fail at COMMIT with ``54000 index row size ... exceeds btree maximum``)."""
 
 
-EVENT_ID_NAMESPACE = uuid.UUID("6f0e4a52-2a3b-5c1d-9e57-3c6b1d0a8f21")
-"""Namespace of the event ids :func:`event_id_for` derives (UUID version 5)."""
+_EVENT_ID_CONTEXT = b"consumer-kit event id\n"
 
 
 def event_id_for(scope: str, key: str, fingerprint: str, place: int) -> uuid.UUID:
     """The id of the ``place``-th event (0, 1, ...) an execution of operation ``scope``/``key``
     with ``fingerprint`` publishes: the same in every execution, so one re-run after a commit lost
     with a failed-over primary publishes the ids the first run's relay may already have published,
-    and deduplication by event id downstream holds (docs/scaling.md)."""
-    return uuid.uuid5(EVENT_ID_NAMESPACE, f"{scope}\n{key}\n{fingerprint}\n{place}")
+    and deduplication by event id downstream holds (docs/scaling.md).
+
+    Keyed (HMAC-SHA256 under the deployment's mark key, :mod:`consumer_kit.codec.marks`), never a
+    hash of public parts: a producer knows its operation's scope, key and fingerprint, and an id it
+    could compute would let it publish junk under that id first, so that a broker's duplicate
+    window (JetStream, SQS FIFO, Service Bus) drops the real event (docs/explanation/trust.md)."""
+    text = "\n".join((scope, key, fingerprint, str(place))).encode("utf-8", "surrogatepass")
+    digest = hmac.new(marks.installed().current, _EVENT_ID_CONTEXT + text, hashlib.sha256).digest()
+    return uuid.UUID(bytes=digest[:16], version=4)
 
 
 def pending_event(

@@ -39,6 +39,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from consumer_kit.broker import DeliveryCallback, build_delivery
+from consumer_kit.broker.kit.copy_ids import keyed_copy_id
 from consumer_kit.broker.kit.pull_consumer import PulledQueue
 from consumer_kit.errors import DeadLetterReason
 from consumer_kit.resilience.one_shots import OneShots
@@ -214,7 +215,7 @@ class Subscription(PulledQueue[dict[str, Any], SQSDelivery]):
         params: dict[str, Any] = {"MessageBody": str(raw.get("Body", "")), "MessageAttributes": attributes}
         if self.dead_letters.fifo:
             params["MessageGroupId"] = str(raw.get("Attributes", {}).get("MessageGroupId") or DEFAULT_GROUP)
-            params["MessageDeduplicationId"] = f"{raw.get('MessageId')}-dead_letter"
+            params["MessageDeduplicationId"] = keyed_copy_id(self.dead_letters.url, str(raw.get("MessageId")), "dead_letter")
         try:
             await self._settler.send(self.dead_letters.url, params)
             await self._client.call("delete_message", QueueUrl=self.info.url, ReceiptHandle=str(raw["ReceiptHandle"]))
