@@ -36,6 +36,7 @@ from consumer_kit.http.operation import is_serving
 from consumer_kit.http.pipeline import ClientOf, EndpointSpec, RequestPipeline
 from consumer_kit.http.policy import IdempotencyPolicy
 from consumer_kit.identity import check_scope_parts
+from consumer_kit.ledger.mark_keys import install_mark_keys
 from consumer_kit.pipeline.runtime import default_worker_id
 from consumer_kit.settings import Settings
 
@@ -75,6 +76,7 @@ class Idempotency:
         self.worker_id = worker_id or default_worker_id()
         self._pool = pool
         self._owns_pool = pool is None
+        self._keys_installed = False
         self._pipeline: RequestPipeline | None = None if pool is None else self._pipeline_on(pool)
 
     @property
@@ -94,12 +96,16 @@ class Idempotency:
         Raises:
             ConfigurationError: no ``database_url``, or PostgreSQL unreachable.
         """
-        if self._pool is not None:
-            return
-        if not self.settings.database_url:
-            raise ConfigurationError("CONSUMER_KIT_DATABASE_URL is not set: the API needs the ledger's database")
-        self._pool = await open_pool(self.settings, self.settings.database_url, search_path=self.settings.search_path)
-        self._pipeline = self._pipeline_on(self._pool)
+        if self._pool is None:
+            if not self.settings.database_url:
+                raise ConfigurationError("CONSUMER_KIT_DATABASE_URL is not set: the API needs the ledger's database")
+            self._pool = await open_pool(self.settings, self.settings.database_url, search_path=self.settings.search_path)
+        if not self._keys_installed:  # event ids are keyed by it (consumer_kit.outbox.event_id_for)
+            async with self._pool.connection() as conn:
+                await install_mark_keys(conn, self.settings)
+            self._keys_installed = True
+        if self._pipeline is None:
+            self._pipeline = self._pipeline_on(self._pool)
 
     async def close(self) -> None:
         """Close the pool this object opened (a pool given to it stays open), once the requests
