@@ -141,7 +141,7 @@ async def pressure_row(database_url: str, schema: str) -> dict[str, str]:
     settings = Settings(database_url=database_url, broker_url="memory://", db_schema=schema)
     console = create_app(ConsoleConfig(settings=settings, app=app(), token="t" * 32))
     transport = httpx.ASGITransport(app=console)
-    async with httpx.AsyncClient(transport=transport, base_url="http://console") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:  # a served name
         page = await client.get("/pressure", headers={"Authorization": "Bearer " + "t" * 32})
     assert page.status_code == 200
     table = page.text.split("<table", 2)[1]  # the first table: Operations
