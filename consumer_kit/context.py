@@ -16,7 +16,7 @@ from consumer_kit.errors import ConfigurationError, ContextSealed
 from consumer_kit.identity import downstream_key
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.outbox import event_id_for, pending_event
+from consumer_kit.outbox import operation_event
 
 
 class Context:
@@ -136,15 +136,9 @@ class Context:
                 f"{self.operation.scope}/{self.operation.key}: the delivery's transaction is over, "
                 "so the event would be lost; await every publish inside handle()"
             )
-        pending = pending_event(
-            destination=destination,
-            routing_key=routing_key,
-            message_type=message_type or type(event).__name__,
-            payload=event.model_dump(mode="json"),
-            partition_key=partition_key,
-            headers=headers or {},
-            event_id=event_id_for(self.operation.scope, self.operation.key, self.operation.fingerprint, len(self.events)),
-        )
+        pending = operation_event(self.operation, len(self.events), event, destination=destination,
+                                  routing_key=routing_key, partition_key=partition_key, headers=headers or {},
+                                  message_type=message_type)
         self.events.append(pending)
         return pending.event_id
 

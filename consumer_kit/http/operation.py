@@ -25,7 +25,7 @@ from consumer_kit.codec.envelope import OPERATION_ID_HEADER, TENANT_HEADER
 from consumer_kit.errors import ConfigurationError, ContextSealed
 from consumer_kit.model.events import PendingEvent
 from consumer_kit.model.identity import OperationIdentity
-from consumer_kit.outbox import event_id_for, pending_event
+from consumer_kit.outbox import operation_event
 
 _CURRENT: contextvars.ContextVar[Operation | None] = contextvars.ContextVar(
     "consumer_kit_http_operation", default=None
@@ -98,15 +98,9 @@ class Operation:
         for name, value in carried.items():
             if name in (headers or {}) and (headers or {})[name] != value:
                 raise ValueError(f"header {name!r} of an event of an idempotent request is set by consumer_kit.http")
-        pending = pending_event(
-            destination=destination,
-            routing_key=routing_key,
-            message_type=message_type or type(event).__name__,
-            payload=event.model_dump(mode="json"),
-            partition_key=partition_key,
-            headers={**(headers or {}), **carried},
-            event_id=event_id_for(self.identity.scope, self.identity.key, self.identity.fingerprint, len(self.events)),
-        )
+        pending = operation_event(self.identity, len(self.events), event, destination=destination,
+                                  routing_key=routing_key, partition_key=partition_key,
+                                  headers={**(headers or {}), **carried}, message_type=message_type)
         self.events.append(pending)
         return pending.event_id
 

@@ -10,7 +10,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from consumer_kit.errors import ConfigurationError
-from consumer_kit.outbox import OUTBOX_MIGRATIONS, notify_channel
+from consumer_kit.ledger.outbox_schema import OUTBOX_MIGRATIONS
+from consumer_kit.outbox import notify_channel
 
 # Ordered, append-only; each statement is idempotent so a re-run (or a concurrent run, serialised by
 # the advisory lock in ``migrate``) is safe.
