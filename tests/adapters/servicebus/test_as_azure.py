@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage
@@ -19,6 +20,27 @@ LOCK = 5.0  # seconds: Service Bus's shortest lock duration
 
 
 # -- lock renewal by the worker's own clock --------------------------------------------------------
+
+
+async def _handle_for_two_locks(sb: SBEnv, queue: Any, sessions: bool) -> tuple[list[float], ServiceBusDelivery, Any, Received]:
+    """Subscribe a handler that works for two lock lengths on the one message waiting in
+    ``queue``, noting each moment (seconds into its work) it saw the broker's lock gone; returns
+    those moments, the delivery, the consumer and what it received, once the message completed."""
+    lapsed: list[float] = []
+
+    async def slow(delivery: ServiceBusDelivery) -> None:
+        started = time.monotonic()
+        while time.monotonic() - started < 2 * LOCK:  # the handler's own work
+            if queue.locked_count == 0 or (sessions and queue.session_holder("s1") is None):
+                lapsed.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+        await delivery.ack()
+
+    received = Received(slow)
+    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
+    delivery = await received.next()
+    await eventually(lambda: queue.messages == [], within=4 * LOCK, what="the completion")
+    return lapsed, delivery, consumer, received
 
 
 @pytest.mark.parametrize("skew", [20.0, -20.0], ids=["worker-20s-behind", "worker-20s-ahead"])
@@ -34,20 +56,7 @@ async def test_renewal_keeps_the_lock_whatever_the_skew_between_worker_and_broke
     sb.server.skew_clock(skew)  # the broker's clock is ``skew`` seconds ahead of the worker's
     try:
         await sb.send(ServiceBusMessage(b"x", session_id="s1" if sessions else None))
-        lapsed: list[float] = []
-
-        async def slow(delivery: ServiceBusDelivery) -> None:
-            started = time.monotonic()
-            while time.monotonic() - started < 2 * LOCK:  # the handler's own work
-                if queue.locked_count == 0 or (sessions and queue.session_holder("s1") is None):
-                    lapsed.append(time.monotonic() - started)
-                await asyncio.sleep(0.05)
-            await delivery.ack()
-
-        received = Received(slow)
-        consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
-        delivery = await received.next()
-        await eventually(lambda: queue.messages == [], within=4 * LOCK, what="the completion")
+        lapsed, delivery, consumer, _ = await _handle_for_two_locks(sb, queue, sessions)
     finally:
         sb.server.skew_clock(0.0)
     assert (lapsed, delivery.lost, consumer.counters["locks_lost"]) == ([], False, 0)
@@ -259,20 +268,7 @@ async def test_a_message_out_of_a_backlog_keeps_its_lock_without_any_setting(sb:
     queue = sb.create_queue(lock_duration=LOCK, requires_session=sessions)
     await sb.send(ServiceBusMessage(b"x", session_id="s1" if sessions else None))
     queue.age_messages(8.0)  # Azure stamps the enqueued time; the message waited 8 s since
-    lapsed: list[float] = []
-
-    async def slow(delivery: ServiceBusDelivery) -> None:
-        started = time.monotonic()
-        while time.monotonic() - started < 2 * LOCK:  # the handler's own work
-            if queue.locked_count == 0 or (sessions and queue.session_holder("s1") is None):
-                lapsed.append(time.monotonic() - started)
-            await asyncio.sleep(0.05)
-        await delivery.ack()
-
-    received = Received(slow)
-    consumer = await sb.subscribe(received, prefetch=1, session_entities=[sb.queue] if sessions else [])
-    delivery = await received.next()
-    await eventually(lambda: queue.messages == [], within=4 * LOCK, what="the completion")
+    lapsed, delivery, consumer, received = await _handle_for_two_locks(sb, queue, sessions)
     assert (lapsed, delivery.lost, consumer.counters["locks_lost"]) == ([], False, 0)
     assert consumer.counters["renewals"] >= 2
     assert len(received.deliveries) == 1  # never redelivered
