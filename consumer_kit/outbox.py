@@ -8,8 +8,6 @@ All outbox SQL used by the core lives here; the relay's claim/mark statements li
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -60,9 +58,7 @@ def event_id_for(scope: str, key: str, fingerprint: str, place: int) -> uuid.UUI
     hash of public parts: a producer knows its operation's scope, key and fingerprint, and an id it
     could compute would let it publish junk under that id first, so that a broker's duplicate
     window (JetStream, SQS FIFO, Service Bus) drops the real event (docs/explanation/trust.md)."""
-    text = "\n".join((scope, key, fingerprint, str(place))).encode("utf-8", "surrogatepass")
-    digest = hmac.new(marks.installed().current, _EVENT_ID_CONTEXT + text, hashlib.sha256).digest()
-    return uuid.UUID(bytes=digest[:16], version=4)
+    return uuid.UUID(bytes=marks.keyed_digest(_EVENT_ID_CONTEXT, scope, key, fingerprint, place)[:16], version=4)
 
 
 def operation_event(

@@ -68,6 +68,14 @@ def installed() -> Keyring:
     return _keyring
 
 
+def keyed_digest(context: bytes, *parts: str | int) -> bytes:
+    """HMAC-SHA256 (32 bytes) of ``parts`` under the current key, for ids that must be stable
+    across the deployment's processes yet unknown to producers (copy ids, event ids). ``context``
+    separates the uses; each part is length-prefixed, so no part can shift into its neighbour."""
+    text = b"".join(f"{len(str(p))}:{p}\n".encode("utf-8", "surrogatepass") for p in parts)
+    return hmac.new(_keyring.current, context + text, hashlib.sha256).digest()
+
+
 def canonical(marks: Mapping[str, str], body: bytes, identity: Sequence[str] = ()) -> bytes:
     """The text a signature covers: each mark as ``name=value`` (names sorted, one per line), the
     operation's ``identity`` (values in the caller's fixed order, each as ``@value``), then the hex

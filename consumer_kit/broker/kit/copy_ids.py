@@ -17,8 +17,6 @@ by a producer:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import secrets
 
 from consumer_kit.codec import marks
@@ -39,5 +37,4 @@ def keyed_copy_id(*parts: str | int) -> str:
     id): HMAC-SHA256 under the current mark key, so stable across the deployment's processes and
     unknown to producers. ``parts`` are joined with a separator no part can fake (each is
     length-prefixed)."""
-    text = b"".join(f"{len(str(p))}:{p}\n".encode("utf-8", "surrogatepass") for p in parts)
-    return hmac.new(marks.installed().current, _CONTEXT + text, hashlib.sha256).hexdigest()[:ID_CHARS]
+    return marks.keyed_digest(_CONTEXT, *parts).hex()[:ID_CHARS]
